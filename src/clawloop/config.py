@@ -1,0 +1,444 @@
+"""The one config tree. Defaults live here and nowhere else.
+
+Sources, lowest to highest precedence: defaults → YAML file (`--config`) →
+environment variables → command-line flags. Every field has one canonical
+flag (`--port`) and may have aliases that users of OpenClaw-RL and slime
+already type (`OPENCLAW_PORT`, `--model-path`, `MAJORITY_VOTE_N`, …). The
+env vars `ROLLOUT_ARGS`, `OPTIMIZER_ARGS`, `LORA_ARGS` and `CKPT_ARGS` hold
+strings of flags, as the public launch scripts pass them; they are parsed like
+flags but rank with the environment.
+
+An unknown YAML key, flag or flag inside one of those env strings is an error
+that names it. Names we recognise but do not implement are refused with a
+message that says what to use instead; nothing is accepted and ignored.
+
+    cfg = load_config(["--port", "9000"])     # the CLI does this
+    cfg.serve.port                              # 9000
+    write_resolved(cfg, cfg.data_dir)           # config.resolved.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value or name is wrong; the message names the key."""
+
+
+def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), env: tuple[str, ...] = (),
+        choices: tuple[Any, ...] | None = None) -> Any:
+    """A config field: default, one-line help, alias flags and env vars."""
+    kw: dict[str, Any] = {"metadata": {"help": help, "flags": flags, "env": env, "choices": choices}}
+    if isinstance(default, (list, dict)):
+        kw["default_factory"] = lambda d=default: type(d)(d)
+    else:
+        kw["default"] = default
+    return field(**kw)
+
+
+@dataclass
+class ModelConfig:
+    path: str = opt("", "Policy model (HF folder). Empty: the embedded tiny model, built on first use.",
+                    flags=("--model-path", "--model", "--hf-checkpoint"), env=("MODEL_PATH", "BASE_MODEL_PATH"))
+    backend: str = opt("hf", "Inference engine.", flags=("--backend",), choices=("hf", "vllm", "sglang"))
+    device: str = opt("auto", "Device for the hf engine: auto, cpu, cuda, cuda:N.")
+    dtype: str = opt("auto", "Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16.",
+                     choices=("auto", "float32", "bfloat16", "float16"))
+    max_batch_size: int = opt(32, "Most sequences the hf engine decodes in one batch.")
+    max_model_len: int = opt(2048, "Longest prompt + completion, in tokens; longer prompts get a 400.")
+    threads: int = opt(0, "torch threads for the hf engine (0: leave torch's default).")
+
+
+@dataclass
+class ServeConfig:
+    host: str = opt("127.0.0.1", "Address the gateway binds.", flags=("--host",), env=("OPENCLAW_HOST",))
+    port: int = opt(8000, "Port the gateway binds.", flags=("--port",), env=("OPENCLAW_PORT",))
+    api_keys: list = opt([], "API keys clients must send as `Authorization: Bearer KEY`; empty: none needed.",
+                         flags=("--api-key",), env=("OPENCLAW_API_KEY", "CLAWLOOP_API_KEY"))
+    insecure: bool = opt(False, "Allow binding a non-loopback address without an API key.")
+    served_model_name: str = opt("clawloop", "Model id reported by /v1/models (any id is accepted in requests).")
+    max_body_bytes: int = opt(8 * 1024 * 1024, "Largest request body; bigger bodies get a 413.")
+    default_max_tokens: int = opt(256, "Completion length when the request sets none.")
+    status: bool = opt(True, "Live terminal status (only when stdout is a terminal).")
+
+
+@dataclass
+class CaptureConfig:
+    enabled: bool = opt(True, "Capture turns for training (interception).", flags=("--enable-rl-intercept",))
+    session_idle_timeout_s: float = opt(600.0, "A session with no request for this long is closed and its last turn judged.")
+    sweep_interval_s: float = opt(5.0, "How often idle sessions are looked for.")
+
+
+@dataclass
+class JudgeConfig:
+    kind: str = opt("offline", "Judge: offline (rules, no LLM), self (the served policy), frozen (a frozen copy "
+                    "of the base model), url (an OpenAI-compatible endpoint, see --judge-url).",
+                    flags=("--judge",), choices=("offline", "self", "frozen", "url", "none"))
+    url: str = opt("", "OpenAI-compatible base URL of the judge (sets --judge url).", flags=("--judge-url",))
+    model: str = opt("", "Model name sent to the judge endpoint.", flags=("--judge-model",),
+                     env=("JUDGE_MODEL_PATH", "PRM_MODEL_PATH"))
+    api_key: str = opt("", "API key for the judge endpoint.", flags=("--judge-api-key",), env=("JUDGE_API_KEY",))
+    majority_vote_n: int = opt(1, "Judge calls per turn.", flags=("--majority-vote-n",), env=("MAJORITY_VOTE_N",))
+    majority_vote_threshold: float = opt(0.5, "Fraction of the valid votes the winning verdict needs, else 0.",
+                                         flags=("--majority-vote-threshold",), env=("MAJORITY_VOTE_THRESHOLD",))
+    num_workers: int = opt(2, "Concurrent judgements.", flags=("--num-judge-workers",))
+    queue_size: int = opt(64, "Bound on turns fetched from the store and waiting for a worker.")
+    timeout_s: float = opt(60.0, "Per judge call.")
+    max_retries: int = opt(3, "Retries of a failed call within one attempt (with backoff); the turn stays pending after.")
+    temperature: float = opt(0.6, "Sampling temperature of LLM judge calls.")
+    hints: bool = opt(True, "Extract OPD hints.")
+    custom_rm_path: str = opt("", "Custom reward: file.py:fn or pkg.module:fn; fn(turn) -> float | Judgement.",
+                              flags=("--custom-rm-path",))
+    poll_interval_s: float = opt(0.5, "How often the store is polled for turns to judge.")
+
+
+@dataclass
+class TrainConfig:
+    enabled: bool = opt(True, "Run the trainer in `clawloop up`.")
+    method: str = opt("combine", "Objective.", flags=("--method",), choices=("binary", "opd", "combine"))
+    source: str = opt("store", "Where samples come from.", choices=("store", "buffer"))
+    buffer_url: str = opt("", "Rollout buffer URL for --source buffer.", flags=("--buffer-url",))
+    rollout_batch_size: int = opt(8, "Samples with a non-zero signal per train step.",
+                                  flags=("--rollout-batch-size",))
+    n_samples_per_prompt: int = opt(1, "Group size for rollout-buffer tasks.",
+                                    flags=("--num-rollouts-per-prompt",))
+    micro_batch_tokens: int = opt(4096, "Token budget of one micro-batch.")
+    lr: float = opt(1e-5, "AdamW learning rate.", flags=("--lr",))
+    weight_decay: float = opt(0.0, "AdamW weight decay.", flags=("--weight-decay",))
+    adam_beta1: float = opt(0.9, "AdamW beta1.", flags=("--adam-beta1",))
+    adam_beta2: float = opt(0.98, "AdamW beta2.", flags=("--adam-beta2",))
+    grad_clip: float = opt(1.0, "Max gradient norm (0: off).", flags=("--clip-grad",))
+    eps_clip: float = opt(0.2, "PPO clip below 1.", flags=("--eps-clip",))
+    eps_clip_high: float = opt(0.28, "PPO clip above 1.", flags=("--eps-clip-high",))
+    dual_clip: float = opt(0.0, "Dual-clip constant c > 1 (0: off).", flags=("--eps-clip-c",))
+    loss_agg: str = opt("token-mean", "Loss aggregation.",
+                        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "fixed-denominator"))
+    w_rl: float = opt(1.0, "Combine: weight of the judge score.")
+    w_opd: float = opt(1.0, "Combine: weight of the teacher-minus-old advantage.")
+    teacher: str = opt("frozen", "OPD teacher: frozen base model, the live policy, or an external engine URL.")
+    kl_coef: float = opt(0.0, "KL-to-reference coefficient (0: off).", flags=("--kl-coef", "--kl-loss-coef"))
+    kl_type: str = opt("low_var_kl", "KL estimator.", flags=("--kl-loss-type",),
+                       choices=("k1", "k2", "k3", "low_var_kl"))
+    entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", flags=("--entropy-coef",))
+    tis_cap: float = opt(2.0, "Truncated importance sampling cap (0: off).")
+    max_staleness: int = opt(4, "Drop samples more than this many policy versions old.", flags=("--max-staleness",))
+    use_lora: bool = opt(False, "Train a LoRA adapter instead of all weights.", flags=("--use-lora",))
+    lora_rank: int = opt(16, "LoRA rank.", flags=("--lora-rank",))
+    lora_alpha: int = opt(32, "LoRA alpha.", flags=("--lora-alpha",))
+    lora_dropout: float = opt(0.0, "LoRA dropout.", flags=("--lora-dropout",))
+    lora_target_modules: list = opt(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                    "Modules LoRA wraps.", flags=("--target-modules",))
+    save_interval: int = opt(0, "Checkpoint every N steps (0: only at shutdown).", flags=("--save-interval",))
+    save_dir: str = opt("", "Checkpoint directory (default: DATA_DIR/checkpoints).",
+                        flags=("--save-dir", "--save"), env=("CKPT_SAVE_DIR",))
+    resume_from_checkpoint: str = opt("", "Checkpoint dir or `latest` to resume from.",
+                                      flags=("--resume-from-checkpoint", "--load"), env=("RESUME_CKPT",))
+    publish_interval: int = opt(1, "Publish weights to the engine every N steps.")
+    threads: int = opt(1, "torch threads the trainer may use (protects serving on small machines).")
+    seed: int = opt(1234, "Trainer seed.", flags=("--seed",))
+    custom_loss_function_path: str = opt("", "Custom loss: file.py:fn or pkg.module:fn.",
+                                         flags=("--custom-loss-function-path",))
+
+
+@dataclass
+class BufferConfig:
+    host: str = opt("127.0.0.1", "Rollout buffer bind address.", flags=("--buffer-host",))
+    port: int = opt(8889, "Rollout buffer port.", flags=("--buffer-port",))
+    generator_dir: str = opt("", "Folder of *_generator.py files (the built-ins are always there).",
+                             flags=("--generator-dir",))
+    group_timeout_s: float = opt(300.0, "A group with no write for this long is finished or dropped.")
+    min_group_ratio: float = opt(0.5, "A stale group is kept if at least this fraction of it arrived.")
+    max_body_bytes: int = opt(16 * 1024 * 1024, "Largest /buffer/write body (413 above).")
+
+
+@dataclass
+class Config:
+    data_dir: str = opt("./clawloop-data", "Store, checkpoints, logs and the resolved config.",
+                        flags=("--data-dir", "--rl-buffer-dir"))
+    log_level: str = opt("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    model: ModelConfig = field(default_factory=ModelConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+
+
+# Names users of other tools type that we deliberately do not implement.
+REFUSED = {
+    "--offload-optimizer-state": "optimizer offload is not implemented; use --use-lora to cut optimizer memory",
+    "TRAIN_GPUS": "device placement is not configurable yet; the hf engine uses --device",
+    "ROLLOUT_GPUS": "device placement is not configurable yet; the hf engine uses --device",
+}
+
+ENV_FLAG_STRINGS = ("ROLLOUT_ARGS", "OPTIMIZER_ARGS", "LORA_ARGS", "CKPT_ARGS")
+SECTIONS = ("model", "serve", "capture", "judge", "train", "buffer")
+
+
+@dataclass
+class _Leaf:
+    path: tuple[str, ...]
+    f: dataclasses.Field
+    typ: Any
+
+    @property
+    def key(self) -> str:
+        return ".".join(self.path)
+
+    @property
+    def dest(self) -> str:
+        return "__".join(self.path)
+
+    @property
+    def canonical_flag(self) -> str:
+        flags = self.f.metadata["flags"]
+        if flags:
+            return flags[0]
+        return "--" + "-".join(self.path).replace("_", "-")
+
+    @property
+    def all_flags(self) -> list[str]:
+        names = [self.canonical_flag, *self.f.metadata["flags"]]
+        dotted = "--" + self.key.replace("_", "-")
+        names.append(dotted)
+        return list(dict.fromkeys(names))
+
+    @property
+    def envs(self) -> list[str]:
+        return ["CLAWLOOP_" + "_".join(self.path).upper(), *self.f.metadata["env"]]
+
+
+def _leaves(cls: type = Config, prefix: tuple[str, ...] = ()) -> list[_Leaf]:
+    hints = typing.get_type_hints(cls)
+    out: list[_Leaf] = []
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            out.extend(_leaves(t, prefix + (f.name,)))
+        else:
+            out.append(_Leaf(prefix + (f.name,), f, t))
+    return out
+
+
+LEAVES = _leaves()
+
+
+def _coerce(leaf: _Leaf, value: Any, source: str) -> Any:
+    t = leaf.typ
+    try:
+        if t is bool:
+            if isinstance(value, bool):
+                v: Any = value
+            elif str(value).strip().lower() in ("1", "true", "yes", "on"):
+                v = True
+            elif str(value).strip().lower() in ("0", "false", "no", "off", ""):
+                v = False
+            else:
+                raise ValueError(value)
+        elif t is int:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            v = int(value)
+        elif t is float:
+            v = float(value)
+        elif t is list:
+            if isinstance(value, str):
+                v = [x.strip() for x in value.split(",") if x.strip()]
+            elif isinstance(value, list):
+                v = list(value)
+            else:
+                raise ValueError(value)
+        else:
+            v = str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {leaf.key} expects {t.__name__}, got {value!r}") from None
+    choices = leaf.f.metadata["choices"]
+    if choices and v not in choices:
+        raise ConfigError(f"{source}: {leaf.key} must be one of {', '.join(map(str, choices))}, got {v!r}")
+    return v
+
+
+def _set(cfg: Config, leaf: _Leaf, value: Any) -> None:
+    obj: Any = cfg
+    for p in leaf.path[:-1]:
+        obj = getattr(obj, p)
+    setattr(obj, leaf.path[-1], value)
+
+
+def _flatten_yaml(d: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    out: dict[tuple[str, ...], Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and (prefix + (k,))[0] in SECTIONS and len(prefix) == 0:
+            out.update(_flatten_yaml(v, prefix + (k,)))
+        else:
+            out[prefix + (str(k),)] = v
+    return out
+
+
+def build_parser(prog: str = "clawloop") -> argparse.ArgumentParser:
+    """An argparse parser with every config field; values default to SUPPRESS so
+    only flags actually given show up."""
+    p = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)
+    add_config_arguments(p)
+    return p
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=argparse.SUPPRESS, help="YAML config file.")
+    groups: dict[str, Any] = {}
+    for leaf in LEAVES:
+        section = leaf.path[0] if len(leaf.path) > 1 else "general"
+        g = groups.setdefault(section, p.add_argument_group(f"{section} options"))
+        help_ = leaf.f.metadata["help"] + f" [{leaf.key}; default: {_default_of(leaf)!r}]"
+        if leaf.typ is bool:
+            g.add_argument(*leaf.all_flags, dest=leaf.dest, nargs="?", const="true",
+                           default=argparse.SUPPRESS, help=help_)
+            neg = "--no-" + leaf.canonical_flag[2:]
+            g.add_argument(neg, dest=leaf.dest, action="store_const", const="false",
+                           default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        elif leaf.typ is list:
+            g.add_argument(*leaf.all_flags, dest=leaf.dest, action="append", default=argparse.SUPPRESS, help=help_)
+        else:
+            g.add_argument(*leaf.all_flags, dest=leaf.dest, default=argparse.SUPPRESS, help=help_)
+    for name, why in REFUSED.items():
+        if name.startswith("--"):
+            p.add_argument(name, dest="__refused__" + name, nargs="?", default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)
+
+
+def _default_of(leaf: _Leaf) -> Any:
+    obj: Any = Config()
+    for part in leaf.path:
+        obj = getattr(obj, part)
+    return obj
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+
+def _parse_flag_string(s: str, source: str) -> dict[str, Any]:
+    p = _RaisingParser(prog=source, add_help=False, allow_abbrev=False)
+    add_config_arguments(p)
+    try:
+        ns, unknown = p.parse_known_args(shlex.split(s))
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    if unknown:
+        raise ConfigError(f"{source}: unknown flag {unknown[0]!r}")
+    return vars(ns)
+
+
+def apply_namespace(cfg: Config, values: dict[str, Any], source: str) -> None:
+    by_dest = {leaf.dest: leaf for leaf in LEAVES}
+    for dest, raw in values.items():
+        if dest.startswith("__refused__"):
+            name = dest.removeprefix("__refused__")
+            raise ConfigError(f"{source}: {name} is not supported: {REFUSED[name]}")
+        leaf = by_dest.get(dest)
+        if leaf is None:
+            continue
+        if leaf.typ is list and isinstance(raw, list):
+            flat: list[str] = []
+            for item in raw:
+                flat.extend(x.strip() for x in str(item).split(",") if x.strip())
+            raw = flat
+        _set(cfg, leaf, _coerce(leaf, raw, source))
+
+
+def load_config(flag_values: dict[str, Any] | None = None, *, config_file: str | None = None,
+                env: dict[str, str] | None = None) -> Config:
+    """Resolve the config. `flag_values` is `vars()` of a namespace built with
+    `add_config_arguments` (only given flags present)."""
+    env = dict(os.environ if env is None else env)
+    flag_values = dict(flag_values or {})
+    cfg = Config()
+
+    if config_file is None:
+        config_file = flag_values.pop("config", None) or env.get("CLAWLOOP_CONFIG") or None
+    else:
+        flag_values.pop("config", None)
+    if config_file:
+        try:
+            data = yaml.safe_load(Path(config_file).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"--config: no such file {config_file!r}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{config_file}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{config_file}: top level must be a mapping")
+        by_path = {leaf.path: leaf for leaf in LEAVES}
+        for path, value in _flatten_yaml(data).items():
+            leaf = by_path.get(path)
+            if leaf is None:
+                raise ConfigError(f"{config_file}: unknown config key {'.'.join(path)!r}")
+            _set(cfg, leaf, _coerce(leaf, value, config_file))
+
+    for name in REFUSED:
+        if not name.startswith("--") and env.get(name):
+            raise ConfigError(f"env {name} is not supported: {REFUSED[name]}")
+    for leaf in LEAVES:
+        for name in leaf.envs:
+            if name in env and env[name] != "":
+                _set(cfg, leaf, _coerce(leaf, env[name], f"env {name}"))
+                break
+    for name in ENV_FLAG_STRINGS:
+        if env.get(name):
+            apply_namespace(cfg, _parse_flag_string(env[name], f"env {name}"), f"env {name}")
+
+    apply_namespace(cfg, flag_values, "command line")
+    if cfg.judge.url and cfg.judge.kind == "offline":
+        cfg.judge.kind = "url"
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    def need(ok: bool, key: str, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"{key}: {why}")
+
+    need(0 < cfg.serve.port < 65536, "serve.port", f"must be 1..65535, got {cfg.serve.port}")
+    need(0 < cfg.buffer.port < 65536, "buffer.port", f"must be 1..65535, got {cfg.buffer.port}")
+    need(cfg.model.max_batch_size >= 1, "model.max_batch_size", "must be >= 1")
+    need(cfg.judge.majority_vote_n >= 1, "judge.majority_vote_n", "must be >= 1")
+    need(0.0 < cfg.judge.majority_vote_threshold <= 1.0, "judge.majority_vote_threshold", "must be in (0, 1]")
+    need(cfg.judge.num_workers >= 1, "judge.num_workers", "must be >= 1")
+    need(cfg.judge.kind != "url" or bool(cfg.judge.url), "judge.url", "--judge url needs --judge-url")
+    need(cfg.train.rollout_batch_size >= 1, "train.rollout_batch_size", "must be >= 1")
+    need(cfg.train.lr > 0, "train.lr", "must be > 0")
+    need(cfg.train.dual_clip == 0 or cfg.train.dual_clip > 1, "train.dual_clip", "must be 0 (off) or > 1")
+    need(cfg.train.source != "buffer" or bool(cfg.train.buffer_url), "train.buffer_url",
+         "--source buffer needs --buffer-url")
+    need(0.0 <= cfg.buffer.min_group_ratio <= 1.0, "buffer.min_group_ratio", "must be in [0, 1]")
+    need(cfg.serve.max_body_bytes > 0, "serve.max_body_bytes", "must be > 0")
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def write_resolved(cfg: Config, data_dir: str | Path | None = None) -> Path:
+    """Write the resolved config (API keys masked) atomically into the data dir."""
+    d = Path(data_dir or cfg.data_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    data = to_dict(cfg)
+    data["serve"]["api_keys"] = ["***"] * len(cfg.serve.api_keys)
+    if data["judge"]["api_key"]:
+        data["judge"]["api_key"] = "***"
+    out = d / "config.resolved.yaml"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,72 @@
+"""The Engine protocol: what the gateway, the judge and the trainer need from an
+inference engine, shaped so vLLM and SGLang fit it as well as the in-process
+transformers engine.
+
+Token ids in, a stream of `TokenEvent`s out. The last event of a stream carries
+`finish_reason`. Logprobs are those of the sampled ids under the *unmodified*
+model distribution (temperature 1, no top-p), which is what the trainer
+recomputes; temperature and top-p only shape sampling.
+
+`publish(weights, version)` swaps the served weights without refusing or
+interrupting anything: requests in flight finish on the weights they started
+with, requests that arrive after the call returns get `version`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping, Protocol, runtime_checkable
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Generation ends after one of these is sampled (the eos id is always added)."""
+    seed: int | None = None
+    top_logprobs: int = 0
+    """How many alternatives per position to report (0: none)."""
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    request_id: str = ""
+
+
+@dataclass
+class TokenEvent:
+    token_id: int | None
+    """None only on a closing event that carries no token (e.g. max_model_len hit)."""
+    logprob: float
+    top_logprobs: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None
+    """`stop` (eos / stop id) or `length` on the last event; None before."""
+    policy_version: int = 0
+    """The version of the weights that produced this token."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    tokenizer: Any
+    """A HF tokenizer with a chat template (used by the gateway to render prompts)."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Stream the sampled tokens. Cancelling the consumer aborts the request."""
+        ...
+
+    async def publish(self, weights: Mapping[str, Any] | str, version: int) -> None:
+        """Serve `weights` (a state dict of full weights, or a HF folder path) as `version`."""
+        ...
+
+    def stats(self) -> dict[str, float]: ...

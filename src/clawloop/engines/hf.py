@@ -1,0 +1,428 @@
+"""In-process transformers engine with continuous batching and hitless weight swaps.
+
+The model runs on one worker thread so the event loop never blocks. Requests
+join a running batch at the next decode step: newcomers are prefilled as a
+small batch of their own, then their KV cache is left-padded and concatenated
+onto the running one (positions come from each row's own count, so padding
+never shifts a row). Finished or cancelled rows are dropped from the cache at
+once and all-padding columns are trimmed.
+
+Weight publishes never pause serving. Every batch belongs to a *cohort*: a
+model copy and the policy version it holds. `publish` loads the new weights
+into a spare copy off the worker thread, then makes it the current cohort;
+rows in flight keep decoding on their old cohort until they finish, new rows
+go to the new one, and the worker steps both. Memory cost: a second copy of
+the weights while an old cohort drains — fine for the CPU models this engine
+is for; big GPU models belong on vLLM/SGLang.
+
+Logprobs are log_softmax of the raw logits (temperature 1) at the sampled id,
+the quantity the trainer recomputes; temperature/top-p shape sampling only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Mapping
+
+import torch
+
+from clawloop.engines.base import GenerationRequest, SamplingParams, TokenEvent
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Row:
+    req: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue
+    stop_ids: frozenset[int]
+    generator: torch.Generator | None
+    n_real: int = 0
+    """Real (non-padding) tokens in this row's KV cache so far."""
+    generated: int = 0
+    next_token: int | None = None
+    cancelled: bool = False
+    done: bool = False
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+
+
+@dataclass
+class _Cohort:
+    model: torch.nn.Module
+    version: int
+    rows: list[_Row] = field(default_factory=list)
+    cache: Any = None
+    mask: torch.Tensor | None = None  # (B, L) 1 for real tokens, 0 for left padding
+    waiting: list[_Row] = field(default_factory=list)
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def load_state_dict_from_dir(path: str | Path) -> dict[str, torch.Tensor]:
+    """Weights of a HF folder (safetensors or torch .bin shards)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors"))
+    sd: dict[str, torch.Tensor] = {}
+    if files:
+        for f in files:
+            sd.update(load_file(str(f)))
+        return sd
+    for f in sorted(path.glob("pytorch_model*.bin")):
+        sd.update(torch.load(f, map_location="cpu", weights_only=True))
+    if not sd:
+        raise FileNotFoundError(f"no weights (*.safetensors or pytorch_model*.bin) in {path}")
+    return sd
+
+
+class HFEngine:
+    """Continuous-batching transformers engine; see the module docstring."""
+
+    def __init__(self, model_path: str | Path, *, device: str = "auto", dtype: str = "auto",
+                 max_batch_size: int = 32, max_model_len: int = 2048, threads: int = 0,
+                 policy_version: int = 0):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = str(model_path)
+        self.device = _resolve_device(device)
+        self.dtype = _resolve_dtype(dtype, self.device)
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len
+        self.threads = threads
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        model.to(self.device).eval()
+        model.requires_grad_(False)
+        self._current = _Cohort(model=model, version=policy_version)
+        self._cohorts: list[_Cohort] = [self._current]
+        self._spare: torch.nn.Module | None = None
+        self._inbox: queue.Queue = queue.Queue()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._publish_lock = asyncio.Lock()
+        self._ids = itertools.count()
+        eos = self.tokenizer.eos_token_id
+        gen_cfg = getattr(model, "generation_config", None)
+        eos_ids = set()
+        for e in (eos, getattr(gen_cfg, "eos_token_id", None)):
+            if isinstance(e, int):
+                eos_ids.add(e)
+            elif isinstance(e, (list, tuple)):
+                eos_ids.update(int(x) for x in e)
+        self.eos_token_ids = frozenset(eos_ids)
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # Counters for /metrics and benchmarks.
+        self.tokens_generated = 0
+        self.steps = 0
+        self.publishes = 0
+        self.last_publish_s = 0.0
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "HFEngine":
+        from clawloop.tinymodel.build import default_model_dir
+
+        path = cfg.model.path or str(default_model_dir())
+        if not Path(path).exists():
+            raise FileNotFoundError(
+                f"model.path: {path} does not exist (build the tiny model with `clawloop tiny-model`, "
+                "or pass --model-path)")
+        return cls(path, device=cfg.model.device, dtype=cfg.model.dtype, max_batch_size=cfg.model.max_batch_size,
+                   max_model_len=cfg.model.max_model_len, threads=cfg.model.threads)
+
+    # -- protocol --------------------------------------------------------
+    @property
+    def policy_version(self) -> int:
+        return self._current.version
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model new requests are served from (read-only use)."""
+        return self._current.model
+
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="clawloop-hf-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._running = False
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30)
+            self._thread = None
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        if not self._running:
+            raise RuntimeError("engine is not started")
+        if len(request.prompt_ids) == 0:
+            raise ValueError("empty prompt")
+        loop = asyncio.get_running_loop()
+        p = request.params
+        gen = None
+        if p.seed is not None:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(int(p.seed))
+        row = _Row(req=request, loop=loop, out=asyncio.Queue(), generator=gen,
+                   stop_ids=frozenset(p.stop_token_ids) | self.eos_token_ids)
+        self._inbox.put(("row", row))
+        self._wake.set()
+        try:
+            while True:
+                ev: TokenEvent | BaseException = await row.out.get()
+                if isinstance(ev, BaseException):
+                    raise ev
+                yield ev
+                if ev.finish_reason is not None:
+                    return
+        finally:
+            row.cancelled = True  # harmless when done; aborts the row when the consumer left early
+
+    async def publish(self, weights: Mapping[str, Any] | str | Path, version: int) -> None:
+        """Load `weights` into a spare model copy off the worker thread, then make
+        it current. Returns once new requests are served by `version`."""
+        async with self._publish_lock:
+            t0 = time.perf_counter()
+            loop = asyncio.get_running_loop()
+            model = await loop.run_in_executor(None, self._prepare_model, weights)
+            fut: asyncio.Future = loop.create_future()
+            self._inbox.put(("swap", (model, int(version), loop, fut)))
+            self._wake.set()
+            await fut
+            self.publishes += 1
+            self.last_publish_s = time.perf_counter() - t0
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "engine/active_rows": float(sum(len(c.rows) + len(c.waiting) for c in self._cohorts)),
+            "engine/cohorts": float(len(self._cohorts)),
+            "engine/tokens_generated": float(self.tokens_generated),
+            "engine/decode_steps": float(self.steps),
+            "engine/publishes": float(self.publishes),
+            "engine/last_publish_s": self.last_publish_s,
+            "engine/policy_version": float(self.policy_version),
+        }
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Current served weights (shared tensors: do not modify)."""
+        return self._current.model.state_dict()
+
+    # -- weights -----------------------------------------------------------
+    def _prepare_model(self, weights: Mapping[str, Any] | str | Path) -> torch.nn.Module:
+        if isinstance(weights, (str, Path)):
+            weights = load_state_dict_from_dir(weights)
+        spare, self._spare = self._spare, None
+        if spare is None:
+            spare = copy.deepcopy(self._current.model)
+        missing, unexpected = spare.load_state_dict(dict(weights), strict=False)
+        # Tied embeddings may legitimately be absent; anything else is a wrong checkpoint.
+        missing = [k for k in missing if not k.endswith("lm_head.weight")]
+        if missing or unexpected:
+            raise ValueError(f"publish: weights do not match the model (missing={missing[:5]}, "
+                             f"unexpected={unexpected[:5]})")
+        spare.eval()
+        return spare
+
+    # -- worker thread -----------------------------------------------------
+    def _emit(self, row: _Row, ev: TokenEvent | BaseException) -> None:
+        try:
+            row.loop.call_soon_threadsafe(row.out.put_nowait, ev)
+        except RuntimeError:  # the consumer's loop is closed
+            row.cancelled = True
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "row":
+                self._current.waiting.append(item)
+            elif kind == "swap":
+                model, version, loop, fut = item
+                self._current = _Cohort(model=model, version=version)
+                self._cohorts.append(self._current)
+                loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(None))
+
+    def _run(self) -> None:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        while self._running:
+            self._drain_inbox()
+            busy = False
+            for cohort in list(self._cohorts):
+                try:
+                    busy |= self._step_cohort(cohort)
+                except Exception as e:  # fail the cohort's requests, keep the engine up
+                    log.exception("engine step failed")
+                    for row in cohort.rows + cohort.waiting:
+                        self._emit(row, RuntimeError(f"generation failed: {e}"))
+                    cohort.rows, cohort.waiting, cohort.cache, cohort.mask = [], [], None, None
+            # Retire drained old cohorts; keep one spare model for the next publish.
+            for cohort in list(self._cohorts):
+                if cohort is not self._current and not cohort.rows and not cohort.waiting:
+                    self._cohorts.remove(cohort)
+                    if self._spare is None:
+                        self._spare = cohort.model
+            if not busy:
+                self._wake.wait(timeout=0.05)
+                self._wake.clear()
+        for cohort in self._cohorts:
+            for row in cohort.rows + cohort.waiting:
+                self._emit(row, RuntimeError("engine stopped"))
+
+    @torch.inference_mode()
+    def _step_cohort(self, c: _Cohort) -> bool:
+        c.waiting = [r for r in c.waiting if not r.cancelled]
+        room = self.max_batch_size - len(c.rows)
+        if c.waiting and room > 0:
+            newcomers, c.waiting = c.waiting[:room], c.waiting[room:]
+            self._prefill(c, newcomers)
+        if not c.rows:
+            return bool(c.waiting)
+        self._decode(c)
+        return True
+
+    def _forward(self, model: torch.nn.Module, input_ids: torch.Tensor, mask: torch.Tensor,
+                 positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                    past_key_values=cache, use_cache=True)
+        return out.logits[:, -1, :].float()  # (B, V)
+
+    def _prefill(self, c: _Cohort, rows: list[_Row]) -> None:
+        from transformers import DynamicCache
+
+        lens = [len(r.req.prompt_ids) for r in rows]
+        L = max(lens)
+        ids = torch.full((len(rows), L), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), L), dtype=torch.long)
+        for i, r in enumerate(rows):
+            n = lens[i]
+            ids[i, L - n:] = torch.tensor(r.req.prompt_ids, dtype=torch.long)
+            mask[i, L - n:] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
+        cache = DynamicCache(config=c.model.config)
+        logits = self._forward(c.model, ids.to(self.device), mask.to(self.device), positions.to(self.device), cache)
+        for i, r in enumerate(rows):
+            r.n_real = lens[i]
+        self._merge(c, rows, cache, mask)
+        self._sample_and_emit(c, rows, logits)
+
+    def _merge(self, c: _Cohort, rows: list[_Row], cache: Any, mask: torch.Tensor) -> None:
+        if not c.rows:
+            c.rows, c.cache, c.mask = list(rows), cache, mask
+            return
+        La, Lb = c.mask.shape[1], mask.shape[1]
+        L = max(La, Lb)
+
+        def lpad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+            if n == 0:
+                return t
+            shape = list(t.shape)
+            shape[dim] = n
+            return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
+
+        for la, lb in zip(c.cache.layers, cache.layers):
+            la.keys = torch.cat([lpad(la.keys, L - La, 2), lpad(lb.keys, L - Lb, 2)], dim=0)  # (B, H, L, D)
+            la.values = torch.cat([lpad(la.values, L - La, 2), lpad(lb.values, L - Lb, 2)], dim=0)
+        c.mask = torch.cat([lpad(c.mask, L - La, 1), lpad(mask, L - Lb, 1)], dim=0)  # (B, L)
+        c.rows.extend(rows)
+
+    def _decode(self, c: _Cohort) -> None:
+        ids = torch.tensor([[r.next_token] for r in c.rows], dtype=torch.long)  # (B, 1)
+        positions = torch.tensor([[r.n_real] for r in c.rows], dtype=torch.long)  # (B, 1)
+        c.mask = torch.cat([c.mask, torch.ones((len(c.rows), 1), dtype=torch.long)], dim=1)  # (B, L+1)
+        logits = self._forward(c.model, ids.to(self.device), c.mask.to(self.device), positions.to(self.device),
+                               c.cache)
+        for r in c.rows:
+            r.n_real += 1
+        self.steps += 1
+        self._sample_and_emit(c, list(c.rows), logits)
+
+    def _sample_and_emit(self, c: _Cohort, rows: list[_Row], logits: torch.Tensor) -> None:
+        """Sample one token per row from `logits` (rows in the same order), emit it,
+        then drop finished rows from the cohort's batch."""
+        logprobs = torch.log_softmax(logits, dim=-1).cpu()  # (B, V)
+        logits = logits.cpu()
+        for i, r in enumerate(rows):
+            if r.cancelled:
+                r.done = True
+                continue
+            p = r.req.params
+            tok = self._sample(logits[i], p, r.generator)
+            lp = float(logprobs[i, tok])
+            top = None
+            if p.top_logprobs > 0:
+                v, ix = torch.topk(logprobs[i], k=min(p.top_logprobs, logprobs.shape[-1]))
+                top = [(int(a), float(b)) for a, b in zip(ix, v)]
+            r.generated += 1
+            finish = None
+            if tok in r.stop_ids:
+                finish = "stop"
+            elif r.generated >= p.max_tokens or r.n_real + 1 >= self.max_model_len:
+                finish = "length"
+            if r.first_token_at is None:
+                r.first_token_at = time.perf_counter()
+            self.tokens_generated += 1
+            self._emit(r, TokenEvent(token_id=tok, logprob=lp, top_logprobs=top, finish_reason=finish,
+                                     policy_version=c.version))
+            r.next_token = tok
+            if finish is not None:
+                r.done = True
+        keep = [i for i, r in enumerate(c.rows) if not (r.done or r.cancelled)]
+        if len(keep) == len(c.rows):
+            return
+        if not keep:
+            c.rows, c.cache, c.mask = [], None, None
+            return
+        idx = torch.tensor(keep, dtype=torch.long)
+        c.rows = [c.rows[i] for i in keep]
+        c.mask = c.mask[idx]
+        dev_idx = idx.to(self.device)
+        for layer in c.cache.layers:
+            layer.keys = layer.keys[dev_idx]
+            layer.values = layer.values[dev_idx]
+        # Trim columns that are padding for every remaining row.
+        first_real = int((c.mask.sum(0) > 0).nonzero()[0])
+        if first_real > 0:
+            c.mask = c.mask[:, first_real:]
+            for layer in c.cache.layers:
+                layer.keys = layer.keys[:, :, first_real:]
+                layer.values = layer.values[:, :, first_real:]
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+        if p.temperature <= 0.0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / p.temperature, dim=-1)  # (V,)
+        if p.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            cum = sorted_p.cumsum(-1)
+            cut = cum - sorted_p > p.top_p  # keep the smallest prefix whose mass reaches top_p
+            sorted_p[cut] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+            probs = probs / probs.sum()
+        return int(torch.multinomial(probs, 1, generator=gen))
