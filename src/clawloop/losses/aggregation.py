@@ -28,9 +28,13 @@ Without `fixed_denominator` each call divides by its own count, which is only
 right when the whole batch is one call.
 
 Departures: masked positions are ignored with `torch.where`, so NaN or inf in
-padding never reaches the loss. Denominators are clamped to >= 1, so an
-all-masked batch gives a loss of exactly 0 that still has a grad path (its
-gradient is zero, not NaN).
+padding never reaches the loss value. (A NaN upstream of `values` can still
+reach the gradient through the product rule; the objectives zero their inputs
+on padding before computing `values` for that reason.) A denominator of 0,
+which only happens when nothing is valid, is replaced by 1, so an all-masked
+batch gives a loss of exactly 0 that still has a grad path (its gradient is
+zero, not NaN). Other denominators are used as given, fractional ones
+included (data parallelism divides step-wide counts by the world size).
 """
 
 from __future__ import annotations
@@ -85,9 +89,11 @@ def aggregate(
         raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
 
     denom_t = torch.as_tensor(denom, dtype=total.dtype, device=total.device)
-    if (denom_t < 0).any():
-        raise ValueError(f"denominator must be >= 0, got {denom}")
-    return total / denom_t.clamp(min=1)
+    if denom_t.numel() != 1 or not bool(torch.isfinite(denom_t).all()) or bool((denom_t < 0).any()):
+        raise ValueError(f"denominator must be one finite number >= 0, got {denom}")
+    denom_t = denom_t.reshape(())
+    # 0 only when nothing is valid (total is 0 too): 0 / 1, not 0 / 0.
+    return total / torch.where(denom_t > 0, denom_t, torch.ones_like(denom_t))
 
 
 def aggregation_denominator(mask: torch.Tensor, mode: str) -> int:

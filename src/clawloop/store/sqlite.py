@@ -294,18 +294,27 @@ class Store:
             yield sid, self.session_turns(sid)
 
     def session_state(self) -> list[dict[str, Any]]:
-        """Open sessions with their last main turn index (to rebuild capture state on restart)."""
+        """Open sessions with their last turn index, last main turn index, and that
+        index again as `pending_main_index` if the turn still waits for its next
+        state (to rebuild capture state on restart)."""
         rows = self._reader().execute(
             "SELECT s.session_id, s.last_seen, "
             "(SELECT MAX(idx) FROM turns t WHERE t.session_id=s.session_id), "
-            "(SELECT MAX(idx) FROM turns t WHERE t.session_id=s.session_id AND t.type=?) "
+            "(SELECT MAX(idx) FROM turns t WHERE t.session_id=s.session_id AND t.type=? AND t.trainable=1) "
             "FROM sessions s WHERE s.closed_at IS NULL",
             (TURN_MAIN,),
         ).fetchall()
-        return [
-            {"session_id": sid, "last_seen": ls, "last_index": li, "last_main_index": lm}
-            for sid, ls, li, lm in rows
-        ]
+        out = []
+        for sid, ls, li, lm in rows:
+            pending = None
+            if lm is not None:
+                waiting = self._reader().execute(
+                    "SELECT COUNT(*) FROM turns WHERE session_id=? AND idx=? AND next_state IS NULL",
+                    (sid, lm)).fetchone()[0]
+                pending = lm if waiting else None
+            out.append({"session_id": sid, "last_seen": ls, "last_index": li, "last_main_index": lm,
+                        "pending_main_index": pending})
+        return out
 
     # -- judging ------------------------------------------------------------
     def turns_to_judge(self, judge: str, limit: int, exclude: set[int] | frozenset[int] = frozenset()) -> list[Turn]:

@@ -1,0 +1,471 @@
+"""The OpenAI-compatible gateway: FastAPI in front of an `Engine`, with capture.
+
+    app = create_app(cfg, engine, store)      # store=None: no capture
+    uvicorn.run(app, host=cfg.serve.host, port=cfg.serve.port)
+
+Routes: POST /v1/chat/completions (streaming and not), GET /v1/models,
+GET /health, GET /metrics. Errors use OpenAI's shape. Extension fields a
+trainer-side client may send: `return_token_ids: true` adds the prompt ids,
+each choice's sampled ids and logprobs and the policy version to the reply;
+`session_id`, `turn_type`, `session_done` mirror the X-Session-* headers.
+Every reply carries `X-Policy-Version`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from clawloop.engines.base import Engine, GenerationRequest, SamplingParams, TokenEvent
+from clawloop.gateway.capture import Capture, TurnSlot
+from clawloop.gateway.metrics import Metrics
+from clawloop.gateway.protocol import APIError, ChatRequest, parse_chat_request, parse_json_body
+from clawloop.gateway.render import Detokenizer, TextStream, parse_tool_calls, render_prompt
+from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
+
+log = logging.getLogger(__name__)
+
+StatsFn = Callable[[], dict[str, float]]
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, api_keys: list[str], insecure: bool) -> None:
+    """Refuse to expose an unauthenticated server beyond this machine."""
+    if not is_loopback(host) and not api_keys and not insecure:
+        from clawloop.config import ConfigError
+
+        raise ConfigError(
+            f"serve.host: binding {host} exposes the API beyond this machine without an API key; "
+            "pass --api-key KEY (or OPENCLAW_API_KEY), or --insecure if you really mean it")
+
+
+@dataclass
+class _Choice:
+    """One choice being generated: sampled ids, logprobs, and the text shown so far."""
+
+    index: int
+    detok: Detokenizer
+    text: TextStream
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tops: list[list[tuple[int, float]] | None] = field(default_factory=list)
+    finish_reason: str | None = None
+    version: int | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Gateway:
+    def __init__(self, cfg: Any, engine: Engine, store: Any | None, *, stats: list[StatsFn] | None = None):
+        self.cfg = cfg
+        self.engine = engine
+        self.tok = engine.tokenizer
+        self.store = store
+        self.capture = (Capture(store, cfg.capture.session_idle_timeout_s, cfg.capture.sweep_interval_s)
+                        if store is not None and cfg.capture.enabled else None)
+        self.metrics = Metrics()
+        self.stats_fns: list[StatsFn] = [engine.stats]
+        if self.capture is not None:
+            self.stats_fns.append(self.capture.stats)
+        self.stats_fns.extend(stats or [])
+        self.metrics.add_stats(self._all_stats)
+        self.inflight = 0
+        self.started_at = time.time()
+        self._eos = set(getattr(engine, "eos_token_ids", ()) or ())
+        if self.tok.eos_token_id is not None:
+            self._eos.add(self.tok.eos_token_id)
+
+    def _all_stats(self) -> dict[str, float]:
+        out: dict[str, float] = {"gateway/inflight": float(self.inflight)}
+        for fn in self.stats_fns:
+            try:
+                out.update(fn())
+            except Exception:  # a broken stats source must not break /metrics
+                log.exception("stats source failed")
+        return out
+
+    # -- request handling --------------------------------------------------
+    def check_auth(self, request: Request) -> None:
+        keys = self.cfg.serve.api_keys
+        if not keys:
+            return
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+        if token not in keys:
+            raise APIError(401, "Incorrect API key provided." if token else
+                           "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
+                           code="invalid_api_key")
+
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.cfg.serve.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise APIError(413, f"Request body too large: {declared} bytes (limit {limit}).",
+                           code="request_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"Request body too large: over {limit} bytes.", code="request_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def session_of(self, request: Request, req: ChatRequest) -> tuple[str | None, str, bool]:
+        h = request.headers
+        sid = h.get("x-session-id") or req.session_id or req.user
+        tt = (h.get("x-turn-type") or req.turn_type or TURN_MAIN).strip().lower()
+        if tt not in (TURN_MAIN, TURN_SIDE):
+            raise APIError(400, f"Invalid X-Turn-Type {tt!r}: expected 'main' or 'side'.", param="X-Turn-Type",
+                           code="invalid_value")
+        done = h.get("x-session-done", "").strip().lower() in ("1", "true", "yes") or req.session_done
+        return sid, tt, done
+
+    async def chat(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        self.check_auth(request)
+        body = parse_json_body(await self.read_body(request))
+        max_len = self.cfg.model.max_model_len
+        req = parse_chat_request(body, max_len)
+        sid, turn_type, done = self.session_of(request, req)
+        use_tools = bool(req.tools) and req.tool_choice != "none"
+        try:
+            prompt_ids = render_prompt(self.tok, req.messages, req.tools if use_tools else None)
+        except Exception as e:  # a template that rejects the conversation (e.g. role order)
+            raise APIError(400, f"The messages could not be rendered with the model's chat template: {e}",
+                           param="messages", code="invalid_value")
+        if len(prompt_ids) >= max_len:
+            raise APIError(400, f"This model's maximum context length is {max_len} tokens; your messages "
+                           f"use {len(prompt_ids)}.", param="messages", code="context_length_exceeded")
+        max_tokens = min(req.max_tokens or self.cfg.serve.default_max_tokens, max_len - len(prompt_ids))
+        slot = self.capture.begin(sid, turn_type, req.messages, done) if self.capture else None
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        choices = [_Choice(i, Detokenizer(self.tok), TextStream(req.stop, use_tools)) for i in range(req.n)]
+        params = [SamplingParams(temperature=req.temperature, top_p=req.top_p, max_tokens=max_tokens,
+                                 seed=None if req.seed is None else req.seed + i,
+                                 top_logprobs=req.top_logprobs) for i in range(req.n)]
+        ctx = _Ctx(self, req, rid, prompt_ids, choices, params, slot, sid, turn_type, use_tools, t0)
+        if req.stream:
+            return StreamingResponse(ctx.stream(), media_type="text/event-stream",
+                                     headers={"X-Policy-Version": str(self.engine.policy_version),
+                                              "Cache-Control": "no-cache"})
+        return await ctx.complete()
+
+
+class _Ctx:
+    """One chat request in flight."""
+
+    def __init__(self, gw: Gateway, req: ChatRequest, rid: str, prompt_ids: list[int], choices: list[_Choice],
+                 params: list[SamplingParams], slot: TurnSlot | None, sid: str | None, turn_type: str,
+                 use_tools: bool, t0: float):
+        self.gw, self.req, self.rid, self.prompt_ids = gw, req, rid, prompt_ids
+        self.choices, self.params, self.slot = choices, params, slot
+        self.sid, self.turn_type, self.use_tools, self.t0 = sid, turn_type, use_tools, t0
+        self.created = int(time.time())
+        self.model = req.model or gw.cfg.serve.served_model_name
+        self.captured = False
+
+    # -- per-token work ----------------------------------------------------
+    def _token_piece(self, tid: int) -> str:
+        return self.gw.tok.decode([tid], skip_special_tokens=False)
+
+    def _lp_entry(self, tid: int, lp: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
+        piece = self._token_piece(tid)
+        e: dict[str, Any] = {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
+        e["top_logprobs"] = [{"token": (p := self._token_piece(t)), "logprob": l, "bytes": list(p.encode("utf-8"))}
+                             for t, l in (top or [])]
+        return e
+
+    def on_event(self, c: _Choice, ev: TokenEvent) -> str:
+        """Record one sampled token; return the content now safe to show."""
+        if c.version is None:
+            c.version = ev.policy_version
+        delta = ""
+        if ev.token_id is not None:
+            c.ids.append(ev.token_id)
+            c.logprobs.append(ev.logprob)
+            c.tops.append(ev.top_logprobs)
+            delta = c.detok.push(ev.token_id)
+        if ev.finish_reason is not None:
+            c.finish_reason = ev.finish_reason
+            delta += c.detok.flush()
+        out = c.text.feed(delta, final=ev.finish_reason is not None)
+        if c.text.stopped:
+            c.finish_reason = "stop"
+        return out
+
+    def finalize(self, c: _Choice) -> str:
+        """Split tool calls off the held-back tail; return tail content to show."""
+        if c.finish_reason is None:
+            c.finish_reason = "stop"
+        rest = c.text.text[c.text.sent:]
+        c.text.sent = len(c.text.text)
+        if self.use_tools:
+            rest_content, calls = parse_tool_calls(rest)
+            if calls:
+                c.tool_calls = calls
+                c.finish_reason = "tool_calls"
+                rest = rest_content or ""
+        full_content, _ = parse_tool_calls(c.text.text) if c.tool_calls else (c.text.text, [])
+        c.content = full_content if (full_content or not c.tool_calls) else None
+        return rest
+
+    async def run_choice(self, c: _Choice, on_delta: Callable[[_Choice, str, int], Any] | None = None) -> None:
+        n_before = 0
+        agen = self.gw.engine.generate(GenerationRequest(self.prompt_ids, self.params[c.index], self.rid))
+        try:
+            async for ev in agen:
+                delta = self.on_event(c, ev)
+                if on_delta is not None and (delta or len(c.ids) > n_before):
+                    await on_delta(c, delta, n_before)
+                    n_before = len(c.ids)
+                if c.text.stopped:
+                    break
+        finally:
+            await agen.aclose()
+
+    # -- capture -------------------------------------------------------------
+    def capture(self, aborted: bool = False) -> None:
+        if self.slot is None or self.captured:
+            return
+        self.captured = True
+        turns = []
+        for c in self.choices:
+            turns.append(Turn(
+                session_id=self.slot.session_id, index=self.slot.index, type=self.turn_type,
+                messages=self.req.messages, tools=self.req.tools if self.use_tools else None,
+                prompt_ids=list(self.prompt_ids), response_ids=list(c.ids), response_logprobs=list(c.logprobs),
+                response_text=c.content if c.content is not None else c.text.text,
+                tool_calls=c.tool_calls or None, finish_reason="abort" if aborted else (c.finish_reason or "stop"),
+                policy_version=c.version if c.version is not None else self.gw.engine.policy_version,
+                trainable=self.turn_type == TURN_MAIN and not aborted,
+                request_id=self.rid, choice_index=c.index,
+            ))
+        self.gw.capture.finish(self.slot, turns)
+
+    def abandon(self) -> None:
+        if self.slot is not None and not self.captured:
+            self.captured = True
+            self.gw.capture.abandon(self.slot)
+
+    # -- bodies --------------------------------------------------------------
+    def _usage(self) -> dict[str, int]:
+        completion = sum(len(c.ids) for c in self.choices)
+        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
+                "total_tokens": len(self.prompt_ids) + completion}
+
+    def _logprobs_block(self, c: _Choice, start: int, end: int) -> dict[str, Any]:
+        entries = []
+        for k in range(start, end):
+            tid = c.ids[k]
+            if tid in self.gw._eos and k == len(c.ids) - 1 and c.finish_reason is not None:
+                continue  # the end-of-turn token is not content
+            entries.append(self._lp_entry(tid, c.logprobs[k], c.tops[k] if self.req.top_logprobs else None))
+        return {"content": entries, "refusal": None}
+
+    async def complete(self) -> Response:
+        gw = self.gw
+        gw.inflight += 1
+        try:
+            await asyncio.gather(*(self.run_choice(c) for c in self.choices))
+            for c in self.choices:
+                self.finalize(c)
+            self.capture()
+        except BaseException:
+            self.abandon()
+            raise
+        finally:
+            gw.inflight -= 1
+        choices = []
+        for c in self.choices:
+            msg: dict[str, Any] = {"role": "assistant", "content": c.content}
+            if c.tool_calls:
+                msg["tool_calls"] = c.tool_calls
+            ch: dict[str, Any] = {"index": c.index, "message": msg, "finish_reason": c.finish_reason,
+                                  "logprobs": self._logprobs_block(c, 0, len(c.ids)) if self.req.logprobs else None}
+            if self.req.return_token_ids:
+                ch["token_ids"] = c.ids
+                ch["token_logprobs"] = c.logprobs
+            choices.append(ch)
+        version = self.choices[0].version if self.choices[0].version is not None else gw.engine.policy_version
+        body: dict[str, Any] = {"id": self.rid, "object": "chat.completion", "created": self.created,
+                                "model": self.model, "choices": choices, "usage": self._usage(),
+                                "system_fingerprint": f"clawloop-v{version}"}
+        if self.req.return_token_ids:
+            body["prompt_token_ids"] = self.prompt_ids
+            body["policy_version"] = version
+        gw.metrics.observe_request(200, time.perf_counter() - self.t0, self._usage()["completion_tokens"])
+        return JSONResponse(body, headers={"X-Policy-Version": str(version)})
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        body = {"id": self.rid, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "system_fingerprint": f"clawloop-v{self.gw.engine.policy_version}", "choices": choices, **extra}
+        return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+    async def stream(self) -> AsyncIterator[str]:
+        gw = self.gw
+        gw.inflight += 1
+        status = 200
+        q: asyncio.Queue = asyncio.Queue()
+        first: dict[str, Any] = {}
+        if self.req.return_token_ids:
+            first = {"prompt_token_ids": self.prompt_ids, "policy_version": gw.engine.policy_version}
+        tasks: list[asyncio.Task] = []
+        try:
+            yield self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None, "finish_reason": None} for c in self.choices], **first)
+
+            async def on_delta(c: _Choice, delta: str, start: int) -> None:
+                await q.put(self._delta_chunk(c, {"content": delta} if delta else {}, start, len(c.ids)))
+
+            async def run(c: _Choice) -> None:
+                try:
+                    await self.run_choice(c, on_delta)
+                    start = len(c.ids)
+                    tail = self.finalize(c)
+                    delta: dict[str, Any] = {}
+                    if tail:
+                        delta["content"] = tail
+                    if c.tool_calls:
+                        delta["tool_calls"] = [{"index": k, **tc} for k, tc in enumerate(c.tool_calls)]
+                    if delta:
+                        await q.put(self._delta_chunk(c, delta, start, start))
+                    await q.put(None)
+                except BaseException as e:
+                    await q.put(e)
+                    raise
+
+            tasks = [asyncio.create_task(run(c)) for c in self.choices]
+            remaining = len(tasks)
+            while remaining:
+                item = await q.get()
+                if item is None:
+                    remaining -= 1
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+            self.capture()
+            finals = [{"index": c.index, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason}
+                      for c in self.choices]
+            yield self._chunk(finals)
+            if self.req.include_usage:
+                yield self._chunk([], usage=self._usage())
+            yield "data: [DONE]\n\n"
+        except (asyncio.CancelledError, GeneratorExit):
+            status = 499  # the client went away
+            self.capture(aborted=True) if any(c.ids for c in self.choices) else self.abandon()
+            raise
+        except Exception as e:
+            status = 500
+            log.exception("stream failed")
+            self.abandon()
+            err = APIError(500, f"generation failed: {e}")
+            yield f"data: {json.dumps(err.body())}\n\n"
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            gw.inflight -= 1
+            gw.metrics.observe_request(status, time.perf_counter() - self.t0,
+                                       sum(len(c.ids) for c in self.choices))
+
+    def _delta_chunk(self, c: _Choice, delta: dict[str, Any], start: int, end: int) -> str:
+        ch: dict[str, Any] = {"index": c.index, "delta": delta, "finish_reason": None,
+                              "logprobs": self._logprobs_block(c, start, end) if self.req.logprobs else None}
+        if self.req.return_token_ids:
+            ch["token_ids"] = c.ids[start:end]
+            ch["token_logprobs"] = c.logprobs[start:end]
+        return self._chunk([ch])
+
+
+def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: list[StatsFn] | None = None,
+               manage_engine: bool = True, background: list[Callable[[], Any]] | None = None) -> FastAPI:
+    """The gateway app. `store=None` serves without capture. With
+    `manage_engine` the app starts and stops the engine in its lifespan.
+    `background` coroutine factories run beside the server (judge, trainer)."""
+    gw = Gateway(cfg, engine, store, stats=stats)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if manage_engine:
+            await engine.start()
+        tasks = []
+        if gw.capture is not None:
+            tasks.append(asyncio.create_task(gw.capture.run_sweeper()))
+        for factory in background or []:
+            tasks.append(asyncio.create_task(factory()))
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(BaseException):
+                    await t
+            if store is not None:
+                await asyncio.get_running_loop().run_in_executor(None, store.flush)
+            if manage_engine:
+                await engine.stop()
+
+    app = FastAPI(title="clawloop", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gateway = gw
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        gw.metrics.observe_request(e.status, 0.0, 0)
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if e.status_code == 404 else None
+        msg = f"Unknown route {request.method} {request.url.path}" if e.status_code == 404 else str(e.detail)
+        return JSONResponse(APIError(e.status_code, msg, code=code).body(), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception) -> JSONResponse:
+        log.exception("request failed")
+        gw.metrics.observe_request(500, 0.0, 0)
+        return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}").body(), status_code=500)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await gw.chat(request)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        gw.check_auth(request)
+        return JSONResponse({"object": "list", "data": [{
+            "id": cfg.serve.served_model_name, "object": "model", "created": int(gw.started_at),
+            "owned_by": "clawloop", "policy_version": engine.policy_version}]})
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok", "policy_version": engine.policy_version,
+                             "inflight": gw.inflight},
+                            headers={"X-Policy-Version": str(engine.policy_version)})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        data, ctype = gw.metrics.render()
+        return Response(data, media_type=ctype)
+
+    return app

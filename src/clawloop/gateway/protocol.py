@@ -1,0 +1,271 @@
+"""Parse and validate an OpenAI chat-completions body into a `ChatRequest`.
+
+Everything a client can get wrong is checked here, before any token is
+generated or anything is captured, and reported as an `APIError` in OpenAI's
+error shape. Unknown top-level fields are ignored (SDKs send `store`,
+`metadata`, `parallel_tool_calls`, …); wrong values of known fields are not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+CLAWLOOP_FIELDS = ("session_id", "turn_type", "session_done", "return_token_ids")
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+MAX_STOP = 4
+
+
+class APIError(Exception):
+    """An error the API returns as `{"error": {"message", "type", "param", "code"}}`."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or {400: "invalid_request_error", 401: "authentication_error",
+                             404: "not_found_error", 413: "invalid_request_error",
+                             503: "server_error"}.get(status, "server_error" if status >= 500 else
+                                                      "invalid_request_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict[str, Any]]
+    """Normalised: content is a string (or None), `developer` kept as its own role."""
+    model: str = ""
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = "auto"
+    stream: bool = False
+    include_usage: bool = False
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    return_token_ids: bool = False
+    # clawloop's session fields, when given in the body
+    session_id: str | None = None
+    turn_type: str | None = None
+    session_done: bool = False
+    user: str | None = None
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"We could not parse the JSON body of your request: {e}", code="invalid_json")
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _text_of(content: Any, param: str) -> str:
+    """Content as a string: a string, or a list of text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            p = f"{param}[{j}]"
+            if isinstance(part, str):
+                parts.append(part)
+                continue
+            if not isinstance(part, dict) or "type" not in part:
+                raise _bad(f"Invalid content part at '{p}': expected an object with a 'type'.", p)
+            if part["type"] in ("text", "input_text", "output_text"):
+                if not isinstance(part.get("text"), str):
+                    raise _bad(f"Invalid content part at '{p}': 'text' must be a string.", p + ".text")
+                parts.append(part["text"])
+            else:
+                raise _bad(f"Unsupported content part type {part['type']!r} at '{p}': this model takes text only.",
+                           p + ".type", code="unsupported_content")
+        return "".join(parts)
+    raise _bad(f"Invalid type for '{param}': expected a string or a list of text parts.", param,
+               code="invalid_type")
+
+
+def _normalize_tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise _bad(f"'{param}' must be a list.", param, code="invalid_type")
+    out = []
+    for j, c in enumerate(calls):
+        p = f"{param}[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _bad(f"Invalid tool call at '{p}': expected {{'type': 'function', 'function': {{'name', "
+                       "'arguments'}}}}.", p)
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, (str, dict)):
+            raise _bad(f"'{p}.function.arguments' must be a JSON string.", p + ".function.arguments")
+        out.append({"id": c.get("id") or f"call_{j}", "type": "function",
+                    "function": {"name": fn["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    return out
+
+
+def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+    if messages is None:
+        raise _bad("Missing required parameter: 'messages'.", "messages", code="missing_required_parameter")
+    if not isinstance(messages, list):
+        raise _bad("Invalid type for 'messages': expected an array.", "messages", code="invalid_type")
+    if not messages:
+        raise _bad("'messages' must contain at least one message.", "messages", code="empty_array")
+    out = []
+    for i, m in enumerate(messages):
+        p = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(f"Invalid type for '{p}': expected an object.", p, code="invalid_type")
+        role = m.get("role")
+        if role not in ROLES:
+            raise _bad(f"Invalid value for '{p}.role': {role!r}. Supported roles: {', '.join(ROLES)}.",
+                       p + ".role")
+        msg: dict[str, Any] = {"role": role}
+        content = m.get("content")
+        if role == "assistant":
+            msg["content"] = None if content is None else _text_of(content, p + ".content")
+            if m.get("tool_calls"):
+                msg["tool_calls"] = _normalize_tool_calls(m["tool_calls"], p + ".tool_calls")
+            if msg["content"] is None and "tool_calls" not in msg:
+                msg["content"] = ""
+        else:
+            if content is None:
+                raise _bad(f"Missing required parameter: '{p}.content'.", p + ".content",
+                           code="missing_required_parameter")
+            msg["content"] = _text_of(content, p + ".content")
+        if role == "tool":
+            if m.get("tool_call_id") is not None:
+                msg["tool_call_id"] = str(m["tool_call_id"])
+            if m.get("name") is not None:
+                msg["name"] = str(m["name"])
+        elif isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def _normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise _bad("Invalid type for 'tools': expected an array.", "tools", code="invalid_type")
+    out = []
+    for i, t in enumerate(tools):
+        p = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type", "function") != "function":
+            raise _bad(f"Invalid value for '{p}.type': only 'function' tools are supported.", p + ".type")
+        fn = t.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise _bad(f"Missing required parameter: '{p}.function.name'.", p + ".function.name",
+                       code="missing_required_parameter")
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def _number(body: dict, key: str, lo: float, hi: float, default: float, *, integer: bool = False,
+            lo_open: bool = False) -> Any:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not float(v).is_integer()):
+        raise _bad(f"Invalid type for '{key}': expected {'an integer' if integer else 'a number'}.", key,
+                   code="invalid_type")
+    if v < lo or v > hi or (lo_open and v == lo):
+        lo_s = f"> {lo}" if lo_open else f">= {lo}"
+        raise _bad(f"Invalid value for '{key}': {v} is out of range (must be {lo_s} and <= {hi}).", key)
+    return int(v) if integer else float(v)
+
+
+def _bool(body: dict, key: str, default: bool = False) -> bool:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise _bad(f"Invalid type for '{key}': expected a boolean.", key, code="invalid_type")
+    return v
+
+
+def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
+    req = ChatRequest(messages=normalize_messages(body.get("messages")))
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise _bad("Invalid type for 'model': expected a string.", "model", code="invalid_type")
+    req.model = model
+    req.tools = _normalize_tools(body.get("tools"))
+    tc = body.get("tool_choice", "auto")
+    if tc is None:
+        tc = "auto"
+    if isinstance(tc, str):
+        if tc not in ("auto", "none", "required"):
+            raise _bad(f"Invalid value for 'tool_choice': {tc!r}.", "tool_choice")
+    elif not (isinstance(tc, dict) and isinstance(tc.get("function"), dict) and tc["function"].get("name")):
+        raise _bad("Invalid value for 'tool_choice': expected 'auto', 'none', 'required' or "
+                   "{'type': 'function', 'function': {'name'}}.", "tool_choice")
+    if tc != "auto" and tc != "none" and not req.tools:
+        raise _bad("'tool_choice' is set but no 'tools' were given.", "tool_choice")
+    req.tool_choice = tc
+    req.stream = _bool(body, "stream")
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise _bad("Invalid type for 'stream_options': expected an object.", "stream_options",
+                       code="invalid_type")
+        if not req.stream:
+            raise _bad("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+        req.include_usage = bool(so.get("include_usage", False))
+    req.n = _number(body, "n", 1, MAX_N, 1, integer=True)
+    mt = body.get("max_completion_tokens", body.get("max_tokens"))
+    if mt is not None:
+        key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        req.max_tokens = _number({key: mt}, key, 1, max_model_len, 0, integer=True)
+    req.temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
+    req.top_p = _number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True)
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise _bad("Invalid value for 'stop': expected a non-empty string or an array of them.", "stop")
+        if len(stops) > MAX_STOP:
+            raise _bad(f"Invalid value for 'stop': at most {MAX_STOP} sequences.", "stop")
+        req.stop = list(stops)
+    seed = body.get("seed")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise _bad("Invalid type for 'seed': expected an integer.", "seed", code="invalid_type")
+        req.seed = seed
+    req.logprobs = _bool(body, "logprobs")
+    req.top_logprobs = _number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0, integer=True)
+    if req.top_logprobs and not req.logprobs:
+        raise _bad("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
+    for key in ("presence_penalty", "frequency_penalty"):
+        _number(body, key, -2.0, 2.0, 0.0)
+    req.return_token_ids = _bool(body, "return_token_ids")
+    sid = body.get("session_id")
+    if sid is not None and not isinstance(sid, str):
+        raise _bad("Invalid type for 'session_id': expected a string.", "session_id", code="invalid_type")
+    req.session_id = sid or None
+    tt = body.get("turn_type")
+    if tt is not None and tt not in ("main", "side"):
+        raise _bad(f"Invalid value for 'turn_type': {tt!r} (main or side).", "turn_type")
+    req.turn_type = tt
+    sd = body.get("session_done", False)
+    req.session_done = sd in (True, 1, "1", "true")
+    user = body.get("user")
+    req.user = user if isinstance(user, str) and user else None
+    return req

@@ -1,0 +1,212 @@
+"""Export and import sessions in the public trajectory shape, plus token fields.
+
+One session per line:
+
+    {"session_id": "s1", "turns": [
+      {"type": "main", "prompt": [...messages...], "response": "19",
+       "next_state": {"role": "user", "content": "thanks"}, "trainable": true,
+       "prompt_ids": [...], "response_ids": [...], "response_logprobs": [...],
+       "policy_version": 0}]}
+
+On import `prompt` may be a string (one user message) or a list of messages,
+`next_state` a string (a user message) or `{"role", "content"}`, and the token
+fields may be missing: then the prompt is rendered with the model's chat
+template and the response encoded (counted and reported, because those ids
+are not the ones a model sampled). The whole file is validated before
+anything is written; an error names the line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
+from clawloop.store import Store
+
+
+def turn_to_export(t: Turn) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "type": t.type, "prompt": t.messages, "response": t.response_text, "next_state": t.next_state,
+        "trainable": t.trainable, "prompt_ids": t.prompt_ids, "response_ids": t.response_ids,
+        "response_logprobs": t.response_logprobs, "policy_version": t.policy_version,
+        "index": t.index, "choice_index": t.choice_index, "finish_reason": t.finish_reason, "final": t.final,
+    }
+    if t.tools:
+        d["tools"] = t.tools
+    if t.tool_calls:
+        d["tool_calls"] = t.tool_calls
+    return d
+
+
+def iter_export(store: Store) -> Iterator[dict[str, Any]]:
+    for sid, turns in store.iter_sessions():
+        yield {"session_id": sid, "turns": [turn_to_export(t) for t in turns]}
+
+
+def export_sessions(data_dir: str | Path, out: str) -> int:
+    path = Path(data_dir) / "clawloop.db"
+    if not path.exists():
+        from clawloop.config import ConfigError
+
+        raise ConfigError(f"data_dir: no store at {path}")
+    store = Store(path)
+    n = 0
+    try:
+        if out == "-":
+            for s in iter_export(store):
+                sys.stdout.write(json.dumps(s) + "\n")
+                n += 1
+            return n
+        dest = Path(out)
+        tmp = dest.with_name(dest.name + ".tmp")
+        with tmp.open("w") as f:
+            for s in iter_export(store):
+                f.write(json.dumps(s) + "\n")
+                n += 1
+        tmp.replace(dest)
+        return n
+    finally:
+        store.close()
+
+
+class ImportError_(ValueError):
+    pass
+
+
+def _messages_of(prompt: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+        from clawloop.gateway.protocol import APIError, normalize_messages
+
+        try:
+            return normalize_messages(prompt)
+        except APIError as e:
+            raise ImportError_(f"{where}.prompt: {e.message}") from None
+    raise ImportError_(f"{where}.prompt: expected a string or a list of messages")
+
+
+def parse_sessions(path: str | Path) -> list[tuple[str, list[dict[str, Any]]]]:
+    sessions = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ImportError_(f"{where}: not JSON: {e}") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("session_id"), str) or not obj["session_id"]:
+                raise ImportError_(f"{where}: needs a non-empty string 'session_id'")
+            turns = obj.get("turns")
+            if not isinstance(turns, list):
+                raise ImportError_(f"{where}: 'turns' must be a list")
+            out = []
+            for k, t in enumerate(turns):
+                tw = f"{where} turns[{k}]"
+                if not isinstance(t, dict):
+                    raise ImportError_(f"{tw}: must be an object")
+                ttype = t.get("type", TURN_MAIN)
+                if ttype not in (TURN_MAIN, TURN_SIDE):
+                    raise ImportError_(f"{tw}.type: {ttype!r} (main or side)")
+                if not isinstance(t.get("response"), str):
+                    raise ImportError_(f"{tw}.response: must be a string")
+                ns = t.get("next_state")
+                if isinstance(ns, str):
+                    ns = {"role": "user", "content": ns}
+                elif ns is not None and not (isinstance(ns, dict) and isinstance(ns.get("content"), str)):
+                    raise ImportError_(f"{tw}.next_state: a string or {{'role', 'content'}}")
+                for key in ("prompt_ids", "response_ids"):
+                    v = t.get(key)
+                    if v is not None and not (isinstance(v, list) and all(isinstance(x, int) for x in v)):
+                        raise ImportError_(f"{tw}.{key}: must be a list of ints")
+                lps = t.get("response_logprobs")
+                if lps is not None:
+                    if not (isinstance(lps, list) and all(isinstance(x, (int, float)) for x in lps)):
+                        raise ImportError_(f"{tw}.response_logprobs: must be a list of numbers")
+                    if t.get("response_ids") is not None and len(lps) != len(t["response_ids"]):
+                        raise ImportError_(f"{tw}.response_logprobs: one per response id "
+                                           f"({len(lps)} vs {len(t['response_ids'])})")
+                out.append({
+                    "type": ttype, "messages": _messages_of(t.get("prompt"), tw), "response": t["response"],
+                    "next_state": ns, "trainable": bool(t.get("trainable", ttype == TURN_MAIN)),
+                    "prompt_ids": t.get("prompt_ids"), "response_ids": t.get("response_ids"),
+                    "response_logprobs": lps, "policy_version": int(t.get("policy_version", 0) or 0),
+                    "tools": t.get("tools"), "tool_calls": t.get("tool_calls"),
+                })
+            sessions.append((obj["session_id"], out))
+    return sessions
+
+
+def import_sessions(cfg: Any, path: str | Path) -> tuple[int, int]:
+    """Validate `path` whole, then write its sessions (closed, last main turn
+    final). Returns (sessions, turns). Refuses session ids already stored."""
+    from clawloop.config import ConfigError
+
+    try:
+        sessions = parse_sessions(path)
+    except FileNotFoundError:
+        raise ConfigError(f"--file: no such file {path!r}") from None
+    except ImportError_ as e:
+        raise ConfigError(str(e)) from None
+    from clawloop.runtime import open_store
+
+    store = open_store(cfg)
+    tok = None
+    retokenized = 0
+    try:
+        dup = [sid for sid, _ in sessions if store.session_turns(sid)]
+        if dup:
+            raise ConfigError(f"{path}: session {dup[0]!r} is already in the store ({len(dup)} duplicate(s)); "
+                              "nothing imported")
+        rows: list[tuple[str, list[Turn], int | None]] = []
+        for sid, turns in sessions:
+            built, last_main = [], None
+            for i, t in enumerate(turns):
+                if t["prompt_ids"] is None or t["response_ids"] is None:
+                    if tok is None:
+                        tok = _tokenizer(cfg)
+                    retokenized += 1
+                from clawloop.gateway.render import render_prompt
+
+                prompt_ids = t["prompt_ids"] if t["prompt_ids"] is not None else render_prompt(
+                    tok, t["messages"], t["tools"])
+                if t["response_ids"] is not None:
+                    response_ids = t["response_ids"]
+                else:
+                    response_ids = list(tok.encode(t["response"], add_special_tokens=False)) + [tok.eos_token_id]
+                built.append(Turn(
+                    session_id=sid, index=i, type=t["type"], messages=t["messages"], tools=t["tools"],
+                    prompt_ids=prompt_ids, response_ids=response_ids,
+                    response_logprobs=t["response_logprobs"] or [], response_text=t["response"],
+                    tool_calls=t["tool_calls"], policy_version=t["policy_version"], next_state=t["next_state"],
+                    trainable=t["trainable"] and t["type"] == TURN_MAIN, request_id="import",
+                    next_state_at=time.time() if t["next_state"] is not None else None,
+                ))
+                if t["type"] == TURN_MAIN:
+                    last_main = i
+            rows.append((sid, built, last_main))
+        for sid, built, last_main in rows:
+            for t in built:
+                store.add_turn(t)
+            store.close_session(sid, "import", last_main)
+        store.flush()
+    finally:
+        store.close()
+    if retokenized:
+        print(f"warning: {retokenized} turn(s) had no token ids and were tokenized with the chat template",
+              file=sys.stderr)
+    return len(sessions), sum(len(t) for _, t in sessions)
+
+
+def _tokenizer(cfg: Any):
+    from transformers import AutoTokenizer
+
+    from clawloop.tinymodel.build import default_model_dir
+
+    return AutoTokenizer.from_pretrained(cfg.model.path or str(default_model_dir()))
