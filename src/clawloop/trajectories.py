@@ -207,6 +207,8 @@ def import_sessions(cfg: Any, path: str | Path) -> tuple[int, int]:
 def _tokenizer(cfg: Any):
     from transformers import AutoTokenizer
 
+    if cfg.model.path:
+        return AutoTokenizer.from_pretrained(cfg.model.path)
     from clawloop.tinymodel.build import default_model_dir
 
-    return AutoTokenizer.from_pretrained(cfg.model.path or str(default_model_dir()))
+    return AutoTokenizer.from_pretrained(str(default_model_dir()))

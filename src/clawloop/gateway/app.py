@@ -330,8 +330,9 @@ class _Ctx:
             first = {"prompt_token_ids": self.prompt_ids, "policy_version": gw.engine.policy_version}
         tasks: list[asyncio.Task] = []
         try:
-            yield self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None} for c in self.choices], **first)
+            for c in self.choices:
+                yield self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}], **first)
 
             async def on_delta(c: _Choice, delta: str, start: int) -> None:
                 await q.put(self._delta_chunk(c, {"content": delta} if delta else {}, start, len(c.ids)))
@@ -364,15 +365,18 @@ class _Ctx:
                     raise item
                 yield item
             self.capture()
-            finals = [{"index": c.index, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason}
-                      for c in self.choices]
-            yield self._chunk(finals)
+            for c in self.choices:
+                yield self._chunk([{"index": c.index, "delta": {}, "logprobs": None,
+                                    "finish_reason": c.finish_reason}])
             if self.req.include_usage:
                 yield self._chunk([], usage=self._usage())
             yield "data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             status = 499  # the client went away
-            self.capture(aborted=True) if any(c.ids for c in self.choices) else self.abandon()
+            if any(c.ids for c in self.choices):
+                self.capture(aborted=True)
+            else:
+                self.abandon()
             raise
         except Exception as e:
             status = 500

@@ -34,12 +34,21 @@ def opd_advantages(
     *,
     clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token advantage teacher - old (B, T), zero off the mask, detached; plus stats."""
+    """Per-token advantage teacher - old (B, T), zero off the mask, detached; plus stats.
+
+    Stats: train/opd_adv_mean, train/opd_adv_abs_mean, train/opd_clipped_frac,
+    train/opd_positive_frac.
+    """
     if clip is not None and clip <= 0:
         raise ValueError(f"clip must be > 0, got {clip}")
+    if teacher_logprobs.shape != old_logprobs.shape or old_logprobs.shape != mask.shape:
+        raise ValueError(f"teacher {tuple(teacher_logprobs.shape)}, old {tuple(old_logprobs.shape)} and "
+                         f"mask {tuple(mask.shape)} must share one (B, T) shape")
     valid = mask.bool()  # (B, T)
     raw = (teacher_logprobs - old_logprobs).detach()  # (B, T)
     raw = torch.where(valid, raw, torch.zeros((), dtype=raw.dtype, device=raw.device))  # (B, T)
+    if not bool(torch.isfinite(raw).all()):
+        raise ValueError("opd_advantages: teacher or old logprobs are not finite on valid tokens")
     adv = raw if clip is None else raw.clamp(-clip, clip)  # (B, T)
     stats = {
         "train/opd_adv_mean": masked_mean_float(adv, valid),

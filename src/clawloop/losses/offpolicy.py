@@ -1,0 +1,110 @@
+"""Off-policy correction: truncated importance sampling and a staleness bound.
+
+The engine that sampled a turn and the trainer do not compute the same
+logprobs: the engine may run other kernels or precision, and may have served
+an older policy version. Two corrections, both on by default:
+
+- Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL
+  framework secretly brings you off-policy RL training"). The PPO ratio is
+  taken against the trainer's own old logprobs; each token's loss is then
+  multiplied by
+
+      w_t = min(exp(trainer_old_logprob_t - engine_logprob_t), cap)     (cap 2.0)
+
+  which reweights the engine's samples towards the trainer's old policy. The
+  cap bounds the variance; weights are constants (no gradient).
+- A staleness bound: samples more than `max_staleness` policy versions older
+  than the trainer are dropped, and the drop is counted.
+
+`train/logprob_diff_abs_mean` (mean |engine - trainer| logprob on the sampled
+tokens) is the drift metric the trainer warns on: it should be ~0 for a fresh
+on-policy sample from the same weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from clawloop.losses.aggregation import masked_max_float, masked_mean_float
+
+LOG_RATIO_CLAMP = 20.0
+
+
+def tis_weights(
+    old_logprobs: torch.Tensor,
+    engine_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cap: float | None = 2.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weights (B, T), detached, 1 off the mask; plus stats.
+
+    `cap=None` or 0 turns the correction off (all weights 1), but the drift
+    metrics are still measured. Stats: train/tis_weight_mean,
+    train/tis_weight_max (before the cap), train/tis_clip_frac,
+    train/logprob_diff_abs_mean, train/logprob_diff_abs_max.
+    """
+    if cap is not None and cap < 0:
+        raise ValueError(f"TIS cap must be > 0 (or None / 0 for off), got {cap}")
+    if old_logprobs.shape != engine_logprobs.shape or old_logprobs.shape != mask.shape:
+        raise ValueError("old_logprobs, engine_logprobs and mask must share one (B, T) shape")
+    valid = mask.bool()  # (B, T)
+    zero = torch.zeros((), dtype=old_logprobs.dtype, device=old_logprobs.device)
+    log_ratio = torch.where(valid, (old_logprobs - engine_logprobs).detach(), zero)  # (B, T)
+    if not bool(torch.isfinite(log_ratio).all()):
+        raise ValueError("tis_weights: trainer or engine logprobs are not finite on valid tokens")
+    raw = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T) 1 on padding
+    weights = raw.clamp(max=cap) if cap else torch.ones_like(raw)  # (B, T)
+    stats = {
+        "train/tis_weight_mean": masked_mean_float(weights, valid),
+        "train/tis_weight_max": masked_max_float(raw, valid),
+        "train/tis_clip_frac": masked_mean_float((raw > cap).float(), valid) if cap else 0.0,
+        **logprob_diff_stats(old_logprobs, engine_logprobs, mask),
+    }
+    return weights, stats
+
+
+def logprob_diff_stats(
+    trainer_logprobs: torch.Tensor,
+    engine_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, float]:
+    """Mean and max |engine - trainer| logprob over valid tokens (0.0 when none)."""
+    valid = mask.bool()  # (B, T)
+    diff = torch.where(valid, (engine_logprobs - trainer_logprobs).detach().abs(),
+                       torch.zeros((), dtype=trainer_logprobs.dtype, device=trainer_logprobs.device))  # (B, T)
+    return {
+        "train/logprob_diff_abs_mean": masked_mean_float(diff, valid),
+        "train/logprob_diff_abs_max": masked_max_float(diff, valid),
+    }
+
+
+def staleness_filter(
+    versions: torch.Tensor | Sequence[int],
+    current_version: int,
+    max_staleness: int | None,
+) -> tuple[torch.Tensor, int]:
+    """Keep mask (B,) bool for samples at most `max_staleness` versions old, and the dropped count.
+
+    Staleness is `current_version - version`. `max_staleness=None` keeps
+    everything; 0 keeps only samples from the current version. A version newer
+    than the trainer's (after resuming an older checkpoint) is kept: its
+    engine logprobs are still exact, and TIS corrects for the difference.
+    """
+    if max_staleness is not None and max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0 (or None for no bound), got {max_staleness}")
+    v = torch.as_tensor(versions, dtype=torch.long).reshape(-1)  # (B,)
+    if max_staleness is None:
+        keep = torch.ones_like(v, dtype=torch.bool)  # (B,)
+    else:
+        keep = (current_version - v) <= max_staleness  # (B,)
+    return keep, int((~keep).sum().item())
+
+
+def staleness_histogram(versions: torch.Tensor | Sequence[int], current_version: int) -> dict[int, int]:
+    """{staleness: number of samples}, staleness = current_version - version, sorted by staleness."""
+    v = torch.as_tensor(versions, dtype=torch.long).reshape(-1)  # (B,)
+    values, counts = torch.unique(current_version - v, return_counts=True)
+    return {int(a): int(b) for a, b in zip(values.tolist(), counts.tolist())}

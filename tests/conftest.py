@@ -1,0 +1,143 @@
+"""Shared fixtures: a randomly initialised chat model built in seconds (no
+download, ever), a real engine, and real gateways on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+# Keep every cache the tests write inside a temp dir, never ~/.cache.
+os.environ.setdefault("CLAWLOOP_CACHE", tempfile.mkdtemp(prefix="clawloop-test-cache-"))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class ServerThread:
+    """A real uvicorn server for `app` on 127.0.0.1, in a thread of this process."""
+
+    def __init__(self, app, port: int | None = None):
+        import uvicorn
+
+        self.port = port or free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                   lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "ServerThread":
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.time() > deadline:
+                raise RuntimeError("test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory) -> Path:
+    from clawloop.tinymodel.build import build_random_model
+
+    return build_random_model(tmp_path_factory.mktemp("random-model") / "model", layers=2, hidden=64, seed=0)
+
+
+@pytest.fixture(scope="session")
+def engine(random_model_dir):
+    """One started engine shared by the session (apps in tests do not own it)."""
+    from clawloop.engines.hf import HFEngine
+
+    eng = HFEngine(random_model_dir, device="cpu", dtype="float32", max_batch_size=16, max_model_len=1024)
+    asyncio.run(eng.start())
+    yield eng
+    asyncio.run(eng.stop())
+
+
+def make_cfg(model_dir, data_dir, **flags):
+    from clawloop.config import load_config
+
+    values = {"model__path": str(model_dir), "data_dir": str(data_dir)}
+    values.update(flags)
+    return load_config(values, env={})
+
+
+class Gateway:
+    """A gateway with capture on a fresh store, served for real."""
+
+    def __init__(self, engine, model_dir, data_dir, **flags):
+        from clawloop.gateway import create_app
+        from clawloop.runtime import open_store
+
+        self.cfg = make_cfg(model_dir, data_dir, **flags)
+        self.store = open_store(self.cfg)
+        self.app = create_app(self.cfg, engine, self.store, manage_engine=False)
+        self.gw = self.app.state.gateway
+        self.server = ServerThread(self.app).start()
+        self.url = self.server.url
+
+    def client(self, **kw):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.store.close()
+
+
+@pytest.fixture
+def gateway(engine, random_model_dir, tmp_path):
+    g = Gateway(engine, random_model_dir, tmp_path / "data")
+    yield g
+    g.stop()
+
+
+@pytest.fixture
+def make_gateway(engine, random_model_dir, tmp_path):
+    made = []
+
+    def _make(data_dir=None, **flags):
+        g = Gateway(engine, random_model_dir, data_dir or tmp_path / f"data{len(made)}", **flags)
+        made.append(g)
+        return g
+
+    yield _make
+    for g in made:
+        if g.server.thread.is_alive():
+            g.stop()
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120):
+    """Run the real `clawloop` CLI in a subprocess."""
+    import subprocess
+
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "clawloop.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=e)
