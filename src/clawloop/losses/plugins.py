@@ -10,9 +10,11 @@ Custom loss contract (what `load_custom_loss` checks and the trainer calls):
         # old_logprobs  (B, T) float: the trainer's logprobs before this step (no grad)
         # advantages    (B, T) float: per-token advantages the chosen --method built (no grad)
         # mask          (B, T) bool: True on response tokens that train
-        # kwargs        the knobs `ppo_clip_loss` takes (eps_clip, eps_clip_high,
-        #               dual_clip, agg, denominator, is_weights) and possibly more
-        #               in later versions: accept **kwargs and ignore what you do not use
+        # kwargs        exactly the knobs `ppo_clip_loss` takes, by keyword (CUSTOM_LOSS_KWARGS):
+        #               eps_clip, eps_clip_high, dual_clip, agg, denominator (the
+        #               step-wide one when micro-batching: use it, see aggregation.py),
+        #               is_weights (TIS weights or None). Prefer **kwargs, so knobs
+        #               added later do not break your function.
         return loss, stats  # loss: scalar tensor with grad; stats: dict[str, float]
 
 `clawloop.losses.ppo_clip_loss` itself satisfies the contract. With no
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 
 CUSTOM_LOSS_PARAMS: tuple[str, ...] = ("logprobs", "old_logprobs", "advantages", "mask")
+CUSTOM_LOSS_KWARGS: tuple[str, ...] = ("eps_clip", "eps_clip_high", "dual_clip", "agg", "denominator", "is_weights")
 CUSTOM_LOSS_DEFAULT_NAME = "custom_loss"
 CUSTOM_LOSS_SIGNATURE = "fn(logprobs, old_logprobs, advantages, mask, **kwargs) -> (loss, stats)"
 
@@ -112,28 +115,25 @@ def check_signature(
     expected_params: Sequence[str],
     what: str,
     *,
-    var_keyword: bool = False,
+    keywords: Sequence[str] = (),
 ) -> None:
-    """Raise `PluginError` unless `fn` can be called with `expected_params` positionally.
+    """Raise `PluginError` unless `fn(*expected_params, **{k: ... for k in keywords})` would bind.
 
-    With `var_keyword`, `fn` must also accept arbitrary keyword arguments
-    (`**kwargs`). Parameter names need not match, only how many there are. The
-    message shows both the expected signature and the one found.
+    Positional parameter names need not match, only how many there are;
+    `keywords` must be accepted by name or by a `**kwargs`. The message shows
+    the expected signature and the one found.
     """
-    expected = f"{what}({', '.join([*expected_params, *(['**kwargs'] if var_keyword else [])])})"
+    params = ", ".join([*expected_params, *([f"*, {', '.join(keywords)} (or **kwargs)"] if keywords else [])])
+    expected = f"fn({params})"
     name = getattr(fn, "__qualname__", repr(fn))
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # builtins and C callables: nothing to check, the first call will tell
-    found = f"{name}{sig}"
     try:
-        sig.bind(*expected_params)
+        sig.bind(*expected_params, **{k: None for k in keywords})
     except TypeError as e:
-        raise PluginError(f"{what}: {found} does not match the expected signature {expected} ({e})") from None
-    if var_keyword and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
-        raise PluginError(f"{what}: {found} does not match the expected signature {expected} "
-                          "(it must accept **kwargs: the trainer passes its loss knobs as keywords)")
+        raise PluginError(f"{what}: {name}{sig} does not match the expected signature {expected} ({e})") from None
 
 
 def load_custom_loss(spec: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
@@ -144,7 +144,7 @@ def load_custom_loss(spec: str) -> Callable[..., tuple[torch.Tensor, dict[str, f
     message instead of deep inside `backward()`.
     """
     fn = load_callable(spec, default_name=CUSTOM_LOSS_DEFAULT_NAME)
-    check_signature(fn, CUSTOM_LOSS_PARAMS, f"custom loss {spec!r}", var_keyword=True)
+    check_signature(fn, CUSTOM_LOSS_PARAMS, f"custom loss {spec!r}", keywords=CUSTOM_LOSS_KWARGS)
 
     def custom_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                     mask: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, dict[str, float]]:

@@ -1,0 +1,99 @@
+"""One config tree: defaults < YAML < env < flags, the aliases users type, and
+errors that name the key."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import yaml
+
+from clawloop.config import ConfigError, add_config_arguments, load_config, write_resolved
+
+
+def flags(*argv):
+    p = argparse.ArgumentParser(allow_abbrev=False)
+    add_config_arguments(p)
+    return vars(p.parse_args(list(argv)))
+
+
+def test_defaults():
+    cfg = load_config({}, env={})
+    assert cfg.serve.host == "127.0.0.1" and cfg.serve.port == 8000
+    assert cfg.model.backend == "hf" and cfg.capture.enabled and cfg.train.method == "combine"
+
+
+def test_precedence_yaml_env_flags(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({"serve": {"port": 9001, "host": "127.0.0.2"}, "train": {"lr": 0.001}}))
+    cfg = load_config({}, config_file=str(f), env={})
+    assert cfg.serve.port == 9001 and cfg.train.lr == 0.001
+    cfg = load_config({}, config_file=str(f), env={"OPENCLAW_PORT": "9002"})
+    assert cfg.serve.port == 9002 and cfg.serve.host == "127.0.0.2"
+    cfg = load_config(flags("--port", "9003"), config_file=str(f), env={"OPENCLAW_PORT": "9002"})
+    assert cfg.serve.port == 9003
+
+
+def test_aliases_users_type():
+    env = {"MODEL_PATH": "/m", "OPENCLAW_HOST": "127.0.0.9", "CKPT_SAVE_DIR": "/ck", "MAJORITY_VOTE_N": "3",
+           "MAJORITY_VOTE_THRESHOLD": "0.6", "JUDGE_MODEL_PATH": "judge-m"}
+    cfg = load_config({}, env=env)
+    assert cfg.model.path == "/m" and cfg.serve.host == "127.0.0.9" and cfg.train.save_dir == "/ck"
+    assert cfg.judge.majority_vote_n == 3 and cfg.judge.majority_vote_threshold == 0.6
+    assert cfg.judge.model == "judge-m"
+    assert load_config({}, env={"BASE_MODEL_PATH": "/b"}).model.path == "/b"
+    cfg = load_config(flags("--model-path", "/x", "--backend", "hf", "--rl-buffer-dir", "/d",
+                            "--enable-rl-intercept", "--use-lora", "--lora-rank", "8", "--num-judge-workers", "4"),
+                      env={})
+    assert cfg.model.path == "/x" and cfg.data_dir == "/d" and cfg.capture.enabled
+    assert cfg.train.use_lora and cfg.train.lora_rank == 8 and cfg.judge.num_workers == 4
+    assert load_config(flags("--no-enable-rl-intercept"), env={}).capture.enabled is False
+
+
+def test_flag_strings_in_env():
+    cfg = load_config({}, env={"OPTIMIZER_ARGS": "--lr 3e-4 --adam-beta2 0.95", "LORA_ARGS": "--use-lora --lora-rank 4",
+                               "ROLLOUT_ARGS": "--rollout-batch-size 16 --num-rollouts-per-prompt 4"})
+    assert cfg.train.lr == 3e-4 and cfg.train.adam_beta2 == 0.95 and cfg.train.use_lora
+    assert cfg.train.lora_rank == 4 and cfg.train.rollout_batch_size == 16 and cfg.train.n_samples_per_prompt == 4
+    with pytest.raises(ConfigError, match="--bogus"):
+        load_config({}, env={"OPTIMIZER_ARGS": "--bogus 1"})
+
+
+def test_unknown_names_are_errors(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({"serve": {"prot": 1}}))
+    with pytest.raises(ConfigError, match="serve.prot"):
+        load_config({}, config_file=str(f), env={})
+    f.write_text(yaml.safe_dump({"nosuch": {"x": 1}}))
+    with pytest.raises(ConfigError, match="nosuch"):
+        load_config({}, config_file=str(f), env={})
+    with pytest.raises(SystemExit):
+        flags("--no-such-flag")
+
+
+def test_bad_values_name_the_key():
+    with pytest.raises(ConfigError, match="serve.port"):
+        load_config({}, env={"OPENCLAW_PORT": "http"})
+    with pytest.raises(ConfigError, match="serve.port"):
+        load_config(flags("--port", "70000"), env={})
+    with pytest.raises(ConfigError, match="model.backend"):
+        load_config(flags("--backend", "tgi"), env={})
+    with pytest.raises(ConfigError, match="judge.majority_vote_threshold"):
+        load_config({}, env={"MAJORITY_VOTE_THRESHOLD": "2"})
+
+
+def test_refused_names_say_what_to_use():
+    with pytest.raises(ConfigError, match="--use-lora"):
+        load_config(flags("--offload-optimizer-state"), env={})
+    with pytest.raises(ConfigError, match="TRAIN_GPUS"):
+        load_config({}, env={"TRAIN_GPUS": "0,1"})
+
+
+def test_write_resolved_masks_keys(tmp_path):
+    cfg = load_config(flags("--api-key", "secret1", "--api-key", "secret2", "--data-dir", str(tmp_path)), env={})
+    assert cfg.serve.api_keys == ["secret1", "secret2"]
+    out = write_resolved(cfg)
+    text = out.read_text()
+    assert "secret" not in text
+    data = yaml.safe_load(text)
+    assert data["serve"]["port"] == 8000 and data["serve"]["api_keys"] == ["***", "***"]
