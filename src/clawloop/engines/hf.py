@@ -141,9 +141,11 @@ class HFEngine:
 
     @classmethod
     def from_config(cls, cfg: Any) -> "HFEngine":
-        from clawloop.tinymodel.build import default_model_dir
+        path = cfg.model.path
+        if not path:
+            from clawloop.tinymodel.build import default_model_dir
 
-        path = cfg.model.path or str(default_model_dir())
+            path = str(default_model_dir())
         if not Path(path).exists():
             raise FileNotFoundError(
                 f"model.path: {path} does not exist (build the tiny model with `clawloop tiny-model`, "
@@ -247,6 +249,23 @@ class HFEngine:
         return spare
 
     # -- worker thread -----------------------------------------------------
+    @staticmethod
+    def _deliver(batch: list[tuple[_Row, TokenEvent]]) -> None:
+        for row, ev in batch:
+            row.out.put_nowait(ev)
+
+    def _emit_many(self, batch: list[tuple[_Row, TokenEvent]]) -> None:
+        """One wake-up per event loop per decode step, not one per token."""
+        by_loop: dict[Any, list[tuple[_Row, TokenEvent]]] = {}
+        for row, ev in batch:
+            by_loop.setdefault(row.loop, []).append((row, ev))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(self._deliver, items)
+            except RuntimeError:  # the consumers' loop is closed
+                for row, _ in items:
+                    row.cancelled = True
+
     def _emit(self, row: _Row, ev: TokenEvent | BaseException) -> None:
         try:
             row.loop.call_soon_threadsafe(row.out.put_nowait, ev)
@@ -367,6 +386,7 @@ class HFEngine:
         then drop finished rows from the cohort's batch."""
         logprobs = torch.log_softmax(logits, dim=-1).cpu()  # (B, V)
         logits = logits.cpu()
+        out: list[tuple[_Row, TokenEvent]] = []
         for i, r in enumerate(rows):
             if r.cancelled:
                 r.done = True
@@ -387,11 +407,12 @@ class HFEngine:
             if r.first_token_at is None:
                 r.first_token_at = time.perf_counter()
             self.tokens_generated += 1
-            self._emit(r, TokenEvent(token_id=tok, logprob=lp, top_logprobs=top, finish_reason=finish,
-                                     policy_version=c.version))
+            out.append((r, TokenEvent(token_id=tok, logprob=lp, top_logprobs=top, finish_reason=finish,
+                                      policy_version=c.version)))
             r.next_token = tok
             if finish is not None:
                 r.done = True
+        self._emit_many(out)
         keep = [i for i, r in enumerate(c.rows) if not (r.done or r.cancelled)]
         if len(keep) == len(c.rows):
             return

@@ -357,13 +357,19 @@ class _Ctx:
             tasks = [asyncio.create_task(run(c)) for c in self.choices]
             remaining = len(tasks)
             while remaining:
-                item = await q.get()
-                if item is None:
-                    remaining -= 1
-                    continue
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+                items = [await q.get()]
+                while not q.empty():  # coalesce what is ready into one write
+                    items.append(q.get_nowait())
+                out = []
+                for item in items:
+                    if item is None:
+                        remaining -= 1
+                    elif isinstance(item, BaseException):
+                        raise item
+                    else:
+                        out.append(item)
+                if out:
+                    yield "".join(out)
             self.capture()
             for c in self.choices:
                 yield self._chunk([{"index": c.index, "delta": {}, "logprobs": None,

@@ -1,0 +1,379 @@
+"""The synthetic chat corpus the embedded tiny model is pre-trained on.
+
+Everything here is pure Python and seeded, so `generate_corpus(n, seed)` is
+the same list on every machine. The corpus teaches three things:
+
+1. skills: 2-digit addition, small subtraction, and ~50 memorised facts;
+2. answer *styles* (`STYLES`), picked uniformly at random when the prompt asks
+   for none, so the untuned model has no preference a user could not change;
+3. following a style instruction wherever it sits: the system message, the
+   start or end of the user message, a "Hint:" appended to the user message
+   (the teacher prompt of on-policy distillation), or a user correction after
+   an answer in the wrong style.
+
+It also has tool calls (a `calculator`) and a little chit-chat, so the model
+speaks the chat template the gateway renders.
+
+Held-out arithmetic pairs (`_heldout_pair`) never appear in the corpus, so
+`heldout_questions` measures arithmetic on unseen questions. Facts cannot be
+held out (they are memorised), so held-out fact questions repeat the table.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+STYLES = ("bare", "sentence", "exclaim", "upper", "lower")
+SKILLS = ("add", "sub", "fact")
+
+_INSTRUCTIONS = {
+    "bare": ("Answer with just the number.", "Reply with just the answer.", "Only give the answer, nothing else.",
+             "Give only the answer.", "Answer with one word or number."),
+    "sentence": ("Reply in a full sentence.", "Answer with a complete sentence.", "Please answer in a full sentence.",
+                 "Use a whole sentence for your answer."),
+    "exclaim": ("End your answer with an exclamation mark.", "Finish your reply with an exclamation mark.",
+                "Answer with excitement, ending with an exclamation mark.", "Use an exclamation mark at the end."),
+    "upper": ("Answer in capital letters.", "Reply in ALL CAPS.", "Write your answer in upper case.",
+              "Use only capital letters."),
+    "lower": ("Answer in lower case.", "Reply using only lowercase letters.", "Write your answer in all lower case.",
+              "Use no capital letters."),
+}
+
+_CORRECTIONS = {
+    "bare": ("just the number, please", "just the answer please", "too long, only the answer",
+             "no sentence, just the answer", "only the answer please"),
+    "sentence": ("please answer in a full sentence", "can you say that in a full sentence?",
+                 "use a complete sentence please", "answer with a proper sentence"),
+    "exclaim": ("can you add an exclamation mark?", "say it with an exclamation mark!",
+                "more excited please, end with an exclamation mark", "add an exclamation mark please"),
+    "upper": ("please use capital letters", "ALL CAPS PLEASE", "say it in capital letters",
+              "write it in upper case please"),
+    "lower": ("all lower case please", "no capitals please", "use lower case letters", "please write in lowercase"),
+}
+
+_NEUTRAL_SYSTEMS = ("You are a helpful assistant.", "You are a helpful assistant.", "You are a friendly assistant.",
+                    "You are a concise assistant that answers questions.")
+
+# (question, answer); answers are one or two words so every style applies.
+FACTS: tuple[tuple[str, str], ...] = (
+    ("What is the capital of France?", "Paris"), ("What is the capital of Japan?", "Tokyo"),
+    ("What is the capital of Italy?", "Rome"), ("What is the capital of Spain?", "Madrid"),
+    ("What is the capital of Germany?", "Berlin"), ("What is the capital of Egypt?", "Cairo"),
+    ("What is the capital of Canada?", "Ottawa"), ("What is the capital of Russia?", "Moscow"),
+    ("What is the capital of China?", "Beijing"), ("What is the capital of Greece?", "Athens"),
+    ("What is the capital of Kenya?", "Nairobi"), ("What is the capital of Peru?", "Lima"),
+    ("What is the capital of Norway?", "Oslo"), ("What is the capital of Ireland?", "Dublin"),
+    ("What is the capital of Portugal?", "Lisbon"), ("What is the capital of England?", "London"),
+    ("What color is the sky?", "blue"), ("What color is grass?", "green"), ("What color is snow?", "white"),
+    ("What color is a banana?", "yellow"), ("What color is coal?", "black"), ("What color is blood?", "red"),
+    ("What color is chocolate?", "brown"), ("What color is a carrot?", "orange"),
+    ("What is the opposite of hot?", "cold"), ("What is the opposite of big?", "small"),
+    ("What is the opposite of up?", "down"), ("What is the opposite of day?", "night"),
+    ("What is the opposite of fast?", "slow"), ("What is the opposite of happy?", "sad"),
+    ("What is the opposite of open?", "closed"), ("What is the opposite of light?", "dark"),
+    ("What is the opposite of wet?", "dry"), ("What is the opposite of old?", "new"),
+    ("What is the opposite of left?", "right"), ("What is the opposite of yes?", "no"),
+    ("What animal says meow?", "cat"), ("What animal says woof?", "dog"), ("What animal says moo?", "cow"),
+    ("What do bees make?", "honey"), ("What is frozen water called?", "ice"),
+    ("Which planet do we live on?", "Earth"), ("What is the largest ocean?", "Pacific"),
+    ("What is the closest star to Earth?", "Sun"), ("How many legs does a spider have?", "8"),
+    ("How many days are in a week?", "7"), ("How many months are in a year?", "12"),
+    ("How many hours are in a day?", "24"), ("How many legs does a dog have?", "4"),
+    ("How many sides does a triangle have?", "3"),
+)
+
+_ADD_TEMPLATES = ("What is {a}+{b}?", "What is {a}+{b}?", "What is {a} + {b}?", "Calculate {a}+{b}.",
+                  "What's {a}+{b}?")
+_SUB_TEMPLATES = ("What is {a}-{b}?", "What is {a}-{b}?", "What is {a} - {b}?", "Calculate {a}-{b}.",
+                  "What's {a}-{b}?")
+
+_THANKS = ("Thanks!", "Thank you!", "thanks", "Great, thanks.", "Thank you very much!", "ok thanks")
+_WELCOME = ("You're welcome!", "Happy to help!", "Glad I could help!")
+_GREETINGS = ("Hi!", "Hello!", "Hey", "Hi there", "Good morning!")
+_GREET_REPLIES = ("Hello! How can I help you?", "Hi! What can I do for you?")
+
+CALCULATOR_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object",
+                       "properties": {"expression": {"type": "string", "description": "e.g. 12+7"}},
+                       "required": ["expression"]},
+    },
+}
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+_TOOLSETS = ((CALCULATOR_TOOL,), (CALCULATOR_TOOL,), (CALCULATOR_TOOL, WEATHER_TOOL), (WEATHER_TOOL, CALCULATOR_TOOL))
+
+
+# ---------------------------------------------------------------- styles
+
+
+def style_instruction(style: str, rng: random.Random | None = None) -> str:
+    """A natural instruction asking for `style`; the canonical one without `rng`."""
+    options = _INSTRUCTIONS[style]
+    return rng.choice(options) if rng is not None else options[0]
+
+
+def correction_for(style: str, rng: random.Random | None = None) -> str:
+    """What a user unhappy with another style would write to get `style`."""
+    options = _CORRECTIONS[style]
+    return rng.choice(options) if rng is not None else options[0]
+
+
+def render_answer(answer: str, style: str) -> str:
+    """The assistant's reply giving `answer` in `style`."""
+    if style == "bare":
+        return answer
+    if style == "sentence":
+        return f"The answer is {answer}."
+    if style == "exclaim":
+        return f"The answer is {answer}!"
+    if style == "upper":
+        return f"THE ANSWER IS {answer.upper()}."
+    if style == "lower":
+        return f"the answer is {answer.lower()}."
+    raise ValueError(f"unknown style {style!r}; expected one of {STYLES}")
+
+
+def fits_style(text: str, style: str) -> bool:
+    """Whether `text` is a reply in `style`. The styles are mutually exclusive:
+    a text fits at most one, and `render_answer(a, s)` fits exactly `s`."""
+    if style not in STYLES:
+        raise ValueError(f"unknown style {style!r}; expected one of {STYLES}")
+    t = text.strip()
+    if not t:
+        return False
+    words = t.split()
+    if style == "bare":
+        return len(words) <= 3 and t[-1] not in ".!?" and not t.lower().startswith("the answer")
+    if len(words) < 2 or not any(c.isalpha() for c in t):
+        return False
+    upper, lower = t == t.upper(), t == t.lower()
+    if style == "upper":
+        return upper and t[-1] in ".!"
+    if style == "lower":
+        return lower and t[-1] in ".!"
+    if style == "exclaim":
+        return not upper and not lower and t[-1] == "!"
+    return not upper and not lower and t[-1] == "." and t[0].isupper()  # sentence
+
+
+def classify_style(text: str) -> str | None:
+    """The style `text` fits, or None."""
+    return next((s for s in STYLES if fits_style(text, s)), None)
+
+
+def extract_answer(text: str) -> str:
+    """The answer inside a styled reply, normalised for comparison (lower case)."""
+    t = text.strip().rstrip(".!?").strip()
+    if t.lower().startswith("the answer is "):
+        t = t[len("the answer is "):]
+    return t.strip().lower()
+
+
+# ---------------------------------------------------------------- questions
+
+
+def _heldout_pair(op: str, a: int, b: int) -> bool:
+    """A fixed ~8% of arithmetic pairs kept out of the corpus."""
+    salt = 3 if op == "add" else 5
+    return (a * 37 + b * 11 + salt) % 13 == 0
+
+
+def _arith(rng: random.Random, skill: str, heldout: bool, canonical: bool = False) -> dict[str, str]:
+    while True:
+        if skill == "add":
+            a, b = rng.randint(0, 99), rng.randint(0, 99)
+            if a < 10 and b < 10:
+                continue
+            answer = a + b
+        else:
+            a = rng.randint(1, 50)
+            b = rng.randint(0, a)
+            answer = a - b
+        if _heldout_pair(skill, a, b) == heldout:
+            break
+    templates = _ADD_TEMPLATES if skill == "add" else _SUB_TEMPLATES
+    template = templates[0] if canonical else rng.choice(templates)
+    return {"question": template.format(a=a, b=b), "answer": str(answer), "skill": skill,
+            "expression": f"{a}{'+' if skill == 'add' else '-'}{b}"}
+
+
+def _question(rng: random.Random, skill: str | None = None, heldout: bool = False,
+              canonical: bool = False) -> dict[str, str]:
+    skill = skill or rng.choices(SKILLS, weights=(5, 2, 2))[0]
+    if skill == "fact":
+        q, a = rng.choice(FACTS)
+        return {"question": q, "answer": a, "skill": "fact"}
+    return _arith(rng, skill, heldout, canonical)
+
+
+def sample_question(rng: random.Random) -> dict[str, str]:
+    """A training question: `{"question", "answer", "skill"}` (arithmetic also has `expression`)."""
+    return _question(rng)
+
+
+def heldout_questions(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """`n` evaluation questions, half addition, a quarter each subtraction and
+    facts, in the canonical "What is 12+7?" phrasing. Arithmetic pairs never
+    occur in the corpus; facts necessarily do."""
+    rng = random.Random(f"heldout-{seed}")
+    skills = ["add", "add", "sub", "fact"]
+    return [_question(rng, skills[i % 4], heldout=True, canonical=True) for i in range(n)]
+
+
+def is_heldout(question: str) -> bool:
+    """Whether an arithmetic question's pair is one kept out of the corpus."""
+    import re
+
+    m = re.search(r"(\d+)\s*([+-])\s*(\d+)", question)
+    if not m:
+        return False
+    return _heldout_pair("add" if m.group(2) == "+" else "sub", int(m.group(1)), int(m.group(3)))
+
+
+# ---------------------------------------------------------------- prompts
+
+
+PLACEMENTS = ("system", "prefix", "suffix", "hint")
+
+
+def instruct(question: str, instruction: str, placement: str, system: str | None = None) -> list[dict[str, Any]]:
+    """Messages asking `question` with `instruction` placed as `placement`
+    (`system`, `prefix`/`suffix` of the user message, or a `hint`).
+    `system` is a neutral system prompt kept in front (and joined with a system instruction)."""
+    msgs: list[dict[str, Any]] = []
+    if placement == "system":
+        msgs.append({"role": "system", "content": f"{system} {instruction}" if system else instruction})
+        msgs.append({"role": "user", "content": question})
+        return msgs
+    if system:
+        msgs.append({"role": "system", "content": system})
+    if placement == "prefix":
+        user = f"{instruction} {question}"
+    elif placement == "suffix":
+        user = f"{question} {instruction}"
+    elif placement == "hint":
+        user = f"{question}\n\nHint: {instruction}"
+    else:
+        raise ValueError(f"unknown placement {placement!r}; expected one of {PLACEMENTS}")
+    msgs.append({"role": "user", "content": user})
+    return msgs
+
+
+def _any_instruction(style: str, rng: random.Random) -> str:
+    """Instructions and corrections both work as a stated preference."""
+    if rng.random() < 0.7:
+        return style_instruction(style, rng)
+    c = correction_for(style, rng)
+    return c[0].upper() + c[1:] if rng.random() < 0.5 else c
+
+
+def _maybe_system(rng: random.Random, p: float = 0.35) -> str | None:
+    return rng.choice(_NEUTRAL_SYSTEMS) if rng.random() < p else None
+
+
+def _say(messages: list[dict[str, Any]], role: str, content: str) -> None:
+    messages.append({"role": role, "content": content})
+
+
+def _plain(rng: random.Random) -> dict[str, Any]:
+    """(a) no instruction: a uniformly random style; sometimes several questions."""
+    msgs: list[dict[str, Any]] = []
+    system = _maybe_system(rng)
+    if system:
+        _say(msgs, "system", system)
+    for _ in range(1 if rng.random() < 0.8 else 2):
+        q = sample_question(rng)
+        _say(msgs, "user", q["question"])
+        _say(msgs, "assistant", render_answer(q["answer"], rng.choice(STYLES)))
+    return {"messages": msgs}
+
+
+def _instructed(rng: random.Random) -> dict[str, Any]:
+    """(b) an instruction in the system message, the user message, or a hint."""
+    style, placement = rng.choice(STYLES), rng.choice(PLACEMENTS)
+    q = sample_question(rng)
+    msgs = instruct(q["question"], _any_instruction(style, rng), placement, _maybe_system(rng, 0.25))
+    _say(msgs, "assistant", render_answer(q["answer"], style))
+    if placement == "system" and rng.random() < 0.25:  # a system instruction holds for later questions too
+        q2 = sample_question(rng)
+        _say(msgs, "user", q2["question"])
+        _say(msgs, "assistant", render_answer(q2["answer"], style))
+    return {"messages": msgs}
+
+
+def _corrected(rng: random.Random) -> dict[str, Any]:
+    """(c) an answer in one style, the user asks for another, the assistant re-answers
+    (and keeps that style for a follow-up question)."""
+    msgs: list[dict[str, Any]] = []
+    system = _maybe_system(rng)
+    if system:
+        _say(msgs, "system", system)
+    first = rng.choice(STYLES)
+    wanted = rng.choice([s for s in STYLES if s != first])
+    q = sample_question(rng)
+    _say(msgs, "user", q["question"])
+    _say(msgs, "assistant", render_answer(q["answer"], first))
+    _say(msgs, "user", correction_for(wanted, rng))
+    _say(msgs, "assistant", render_answer(q["answer"], wanted))
+    if rng.random() < 0.3:
+        q2 = sample_question(rng)
+        _say(msgs, "user", q2["question"])
+        _say(msgs, "assistant", render_answer(q2["answer"], wanted))
+    return {"messages": msgs}
+
+
+def _tool_use(rng: random.Random) -> dict[str, Any]:
+    """(d) tools declared: arithmetic goes through the calculator, facts are answered directly."""
+    tools = [dict(t) for t in rng.choice(_TOOLSETS)]
+    style = rng.choice(STYLES)
+    q = sample_question(rng)
+    if rng.random() < 0.3:
+        msgs = instruct(q["question"], _any_instruction(style, rng), rng.choice(PLACEMENTS), _maybe_system(rng))
+    else:
+        msgs = []
+        system = _maybe_system(rng)
+        if system:
+            _say(msgs, "system", system)
+        _say(msgs, "user", q["question"])
+    if q["skill"] != "fact":
+        msgs.append({"role": "assistant", "content": "", "tool_calls": [{
+            "id": "call_0", "type": "function",
+            "function": {"name": "calculator", "arguments": {"expression": q["expression"]}}}]})
+        msgs.append({"role": "tool", "tool_call_id": "call_0", "content": q["answer"]})
+    _say(msgs, "assistant", render_answer(q["answer"], style))
+    return {"messages": msgs, "tools": tools}
+
+
+def _chitchat(rng: random.Random) -> dict[str, Any]:
+    """(e) greetings and thanks."""
+    msgs: list[dict[str, Any]] = []
+    if rng.random() < 0.3:
+        _say(msgs, "user", rng.choice(_GREETINGS))
+        _say(msgs, "assistant", rng.choice(_GREET_REPLIES))
+    q = sample_question(rng)
+    _say(msgs, "user", q["question"])
+    _say(msgs, "assistant", render_answer(q["answer"], rng.choice(STYLES)))
+    _say(msgs, "user", rng.choice(_THANKS))
+    _say(msgs, "assistant", rng.choice(_WELCOME))
+    return {"messages": msgs}
+
+
+_KINDS = ((_plain, 30), (_instructed, 38), (_corrected, 14), (_tool_use, 11), (_chitchat, 7))
+
+
+def generate_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """`n` conversations `{"messages": [...], "tools": [...] (optional)}`, the same for the same seed."""
+    rng = random.Random(f"corpus-{seed}")
+    makers, weights = zip(*_KINDS)
+    return [rng.choices(makers, weights=weights)[0](rng) for _ in range(n)]
