@@ -122,7 +122,7 @@ def gateway(engine, random_model_dir, tmp_path):
 def make_gateway(engine, random_model_dir, tmp_path):
     made = []
 
-    def _make(data_dir=None, **flags):
+    def _make(data_dir=None, engine=engine, **flags):
         g = Gateway(engine, random_model_dir, data_dir or tmp_path / f"data{len(made)}", **flags)
         made.append(g)
         return g

@@ -109,7 +109,10 @@ class Sample:
         tokens = list(turn.prompt_ids) + list(turn.response_ids)
         n_prompt = len(turn.prompt_ids)
         mask = [0] * n_prompt + [1] * len(turn.response_ids)
-        lps = [0.0] * n_prompt + list(turn.response_logprobs)
+        resp_lps = list(turn.response_logprobs)
+        if len(resp_lps) != len(turn.response_ids):  # imported without engine logprobs: none to correct with
+            resp_lps = [0.0] * len(turn.response_ids)
+        lps = [0.0] * n_prompt + resp_lps
         return cls(
             tokens=tokens,
             loss_mask=mask,

@@ -25,6 +25,13 @@ ADDED_TOKENS = (TOOL_OPEN, TOOL_CLOSE)
 """Added but not special: they survive `skip_special_tokens=True`, so tool calls decode into text."""
 VOCAB_SIZE = 1536
 
+# Qwen2's pre-tokenizer, byte for byte: it splits digits one per token (`\p{N}`),
+# and transformers 5.x loads any `qwen2` checkpoint's tokenizer through
+# `Qwen2Tokenizer`, which rebuilds exactly this normalizer and pre-tokenizer. Using
+# them here makes the saved tokenizer.json and that rebuild tokenize identically.
+PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                     r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+
 TOOLS_HEADER = "# Tools\n\nYou may call these functions:\n<tools>"
 TOOLS_FOOTER = ("\n</tools>\nTo call one, reply with:\n<tool_call>\n"
                 '{"name": <function-name>, "arguments": <arguments-json>}\n</tool_call>')
@@ -91,14 +98,15 @@ def render_chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | No
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = VOCAB_SIZE):
     """A byte-level BPE (`tokenizers.Tokenizer`) trained on `texts`. Special-token
-    strings in `texts` are ignored for training; the special and added tokens
-    take the first ids (0, 1, 2 for the specials)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    strings in `texts` are ignored for training; the special tokens take ids 0, 1, 2
+    and the added tool-call tokens the last two ids."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -121,8 +129,9 @@ def wrap_tokenizer(tok) -> Any:
     """A transformers fast tokenizer around a trained `tokenizers.Tokenizer`, with the chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD,
-                                 model_max_length=2048, padding_side="left", clean_up_tokenization_spaces=False)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD, unk_token=PAD,
+                                 additional_special_tokens=[IM_START], model_max_length=2048,
+                                 padding_side="left", clean_up_tokenization_spaces=False)
     hf.chat_template = CHAT_TEMPLATE
     return hf
 
@@ -136,4 +145,7 @@ def save_tokenizer(hf_tokenizer: Any, out: str | Path) -> None:
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg["chat_template"] = CHAT_TEMPLATE
+    # 5.x writes a list under `extra_special_tokens`; 4.x expects a dict there but reads this list.
+    cfg.pop("extra_special_tokens", None)
+    cfg["additional_special_tokens"] = [IM_START]
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")

@@ -1,0 +1,31 @@
+"""The rollout buffer: per-task generators write trajectories over HTTP, the
+trainer pulls finished groups (slime's Rollout Buffer design, durable).
+
+    clawloop buffer --generator-dir DIR --data-dir D     # the service (port 8889)
+    clawloop buffer new-generator NAME                   # a commented template
+    BufferSource(url, tokenizer).pull()                  # trainer side -> list[Sample]
+
+Modules: `service` (HTTP API), `store` (SQLite group state), `discovery`
+(generator files), `hooks` (the five optional hooks and their defaults),
+`runner` (a generator's child process), `source` (Samples for the trainer).
+"""
+
+from clawloop.buffer.discovery import (
+    Generator,
+    GeneratorError,
+    discover_generators,
+    write_generator_template,
+)
+from clawloop.buffer.service import RolloutBuffer, create_buffer_app, run_buffer
+from clawloop.buffer.source import BufferSource
+
+__all__ = [
+    "BufferSource",
+    "Generator",
+    "GeneratorError",
+    "RolloutBuffer",
+    "create_buffer_app",
+    "discover_generators",
+    "run_buffer",
+    "write_generator_template",
+]

@@ -1,0 +1,424 @@
+"""Build the embedded tiny chat model: no download, a few minutes on CPU.
+
+    python -m clawloop.tinymodel.build [--out DIR] [--seed 0] [--steps N] [--force] [--if-missing]
+    clawloop tiny-model ...                      # the same
+
+Steps: train the tokenizer on the synthetic corpus (cached), initialise a
+small Qwen2 (tied embeddings), pre-train it on freshly generated conversations
+with the loss on assistant tokens only, evaluate it greedily on held-out
+questions, and write it atomically (temp dir + rename) in Hugging Face format
+with a `build_info.json`. Seeded: the same seed gives the same data, init and
+batch order (bitwise equality also needs the same torch build and threads).
+
+`build_random_model` makes the same kind of folder with random weights in
+about a second, for tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+from clawloop.tinymodel import corpus
+from clawloop.tinymodel.tokenizer import (IM_END, PAD, VOCAB_SIZE, render_chat, save_tokenizer, train_tokenizer,
+                                          wrap_tokenizer)
+
+MODEL_NAME = "tiny-chat-v1"
+TOKENIZER_CORPUS = 20_000
+"""Conversations the BPE is trained on (corpus seed 0; every tiny model shares the tokenizer)."""
+
+
+@dataclass
+class TinyModelArgs:
+    """The recipe of the tiny model. Defaults are what `clawloop tiny-model` builds."""
+
+    layers: int = 4
+    """Transformer blocks."""
+    hidden: int = 128
+    """Residual width; heads are 32 wide."""
+    intermediate: int = 512
+    """MLP width."""
+    steps: int = 1800
+    """Optimizer steps; one fresh batch of generated conversations each."""
+    batch_size: int = 64
+    """Conversations per step."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (linear warm-up, cosine decay to 10 %)."""
+    warmup: int = 60
+    """Warm-up steps."""
+    weight_decay: float = 0.01
+    """AdamW weight decay on matrices (not on norms and biases)."""
+    eval_questions: int = 800
+    """Held-out questions in the final evaluation."""
+
+
+def cache_dir() -> Path:
+    """Where built models and the tokenizer are cached: $CLAWLOOP_CACHE or ~/.cache/clawloop."""
+    return Path(os.environ.get("CLAWLOOP_CACHE") or Path.home() / ".cache" / "clawloop")
+
+
+def default_model_dir() -> Path:
+    return cache_dir() / MODEL_NAME
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def _tokenizer_key() -> str:
+    """Changes whenever the corpus or tokenizer code changes, so a stale cache is never used."""
+    h = hashlib.sha256(str(VOCAB_SIZE).encode())
+    for mod in ("corpus.py", "tokenizer.py"):
+        h.update((Path(__file__).parent / mod).read_bytes())
+    return h.hexdigest()[:12]
+
+
+@lru_cache(maxsize=1)
+def _tokenizer_json() -> str:
+    path = cache_dir() / f"tokenizer-{_tokenizer_key()}.json"
+    if path.exists():
+        return path.read_text()
+    texts = (render_chat(c["messages"], c.get("tools")) for c in corpus.generate_corpus(TOKENIZER_CORPUS, seed=0))
+    text = train_tokenizer(texts).to_str()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return text
+
+
+def load_tokenizer():
+    """The tiny model's tokenizer (a transformers fast tokenizer with the chat template), cached."""
+    from tokenizers import Tokenizer
+
+    return wrap_tokenizer(Tokenizer.from_str(_tokenizer_json()))
+
+
+# ---------------------------------------------------------------- model
+
+
+def _config(tok, layers: int, hidden: int, intermediate: int):
+    from transformers import Qwen2Config
+
+    heads = max(1, hidden // 32)
+    return Qwen2Config(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=2048,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+
+
+def _save(model, tok, out: Path, info: dict[str, Any] | None = None) -> None:
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                               bos_token_id=None)
+    model.save_pretrained(str(out), safe_serialization=True)
+    save_tokenizer(tok, out)
+    # Keys older transformers (and so older vLLM) read, beside 5.x's rope_parameters/dtype.
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.setdefault("rope_theta", 10000.0)
+    cfg.setdefault("torch_dtype", "float32")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if info is not None:
+        (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _write_atomically(out: Path, write: Callable[[Path], None], force: bool) -> Path:
+    """`write(tmp)` into a temp dir beside `out`, then rename it into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{time.time_ns()}"
+    try:
+        write(tmp)
+        if out.exists():
+            if not force:  # someone else finished first: theirs is as good as ours
+                return out
+            old = out.parent / f".{out.name}.old-{os.getpid()}-{time.time_ns()}"
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def build_random_model(out: str | Path, layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:
+    """The tiny model's tokenizer with a randomly initialised Qwen2, saved in HF format (about a second)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    out = Path(out)
+    tok = load_tokenizer()
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(_config(tok, layers, hidden, 4 * hidden))
+    info = {"name": "random", "params": sum(p.numel() for p in model.parameters()), "seed": seed}
+    return _write_atomically(out, lambda d: _save(model, tok, d, info), force=True)
+
+
+# ---------------------------------------------------------------- data
+
+_ASSISTANT = re.compile(re.escape("<|im_start|>assistant\n") + r"(.*?" + re.escape(IM_END) + ")", re.S)
+
+
+def encode_conversations(tok, conversations: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
+    """(input ids, loss mask) per conversation; the mask is 1 on assistant tokens
+    (content, tool calls and the closing <|im_end|>) and 0 on everything else."""
+    texts = [render_chat(c["messages"], c.get("tools")) for c in conversations]
+    enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    out = []
+    for text, ids, offsets in zip(texts, enc["input_ids"], enc["offset_mapping"]):
+        spans = [m.span(1) for m in _ASSISTANT.finditer(text)]
+        mask = [int(any(s <= a and b <= e for s, e in spans)) for a, b in offsets]
+        out.append((ids, mask))
+    return out
+
+
+def _batches(encoded: list[tuple[list[int], list[int]]], batch_size: int, rng: random.Random):
+    """Batches of similar length (less padding), in a seeded random order."""
+    order = list(range(len(encoded)))
+    rng.shuffle(order)
+    chunk = batch_size * 32
+    batches = []
+    for i in range(0, len(order), chunk):
+        group = sorted(order[i:i + chunk], key=lambda j: len(encoded[j][0]))
+        batches += [group[k:k + batch_size] for k in range(0, len(group), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _collate(encoded, idx: list[int], pad_id: int):
+    """Right-padded (B, T) ids and labels (-100 off the loss)."""
+    import torch
+
+    T = max(len(encoded[i][0]) for i in idx)
+    ids = torch.full((len(idx), T), pad_id, dtype=torch.long)
+    labels = torch.full((len(idx), T), -100, dtype=torch.long)
+    for r, i in enumerate(idx):
+        x, m = encoded[i]
+        ids[r, :len(x)] = torch.tensor(x)
+        labels[r, :len(x)] = torch.where(torch.tensor(m, dtype=torch.bool), torch.tensor(x), -100)
+    return ids, labels
+
+
+# ---------------------------------------------------------------- train
+
+
+def _lr_at(step: int, args: TinyModelArgs) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    p = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], Any] = print) -> list[float]:
+    """Next-token loss on assistant tokens of `args.steps * args.batch_size` fresh conversations."""
+    import torch
+    import torch.nn.functional as F
+
+    t0 = time.perf_counter()
+    encoded = encode_conversations(tok, corpus.generate_corpus(args.steps * args.batch_size, seed=seed + 1))
+    batches = _batches(encoded, args.batch_size, random.Random(f"batches-{seed}"))[:args.steps]
+    log(f"data: {len(encoded)} conversations, {sum(len(e[0]) for e in encoded)} tokens "
+        f"({time.perf_counter() - t0:.1f}s)")
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    model.train()
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    for step, idx in enumerate(batches):
+        ids, labels = _collate(encoded, idx, tok.pad_token_id)  # (B, T)
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, args)
+        logits = model(input_ids=ids).logits  # (B, T, V); right padding needs no mask under causal attention
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
+                               ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if (step + 1) % 100 == 0 or step + 1 == len(batches):
+            recent = sum(losses[-100:]) / len(losses[-100:])
+            log(f"step {step + 1}/{len(batches)}  loss {recent:.4f}  lr {_lr_at(step, args):.2e}  "
+                f"{time.perf_counter() - t0:.0f}s")
+    model.eval()
+    return losses
+
+
+# ---------------------------------------------------------------- evaluate
+
+
+def generate_replies(model, tok, prompts: list[dict[str, Any]], max_new_tokens: int = 32,
+                     batch_size: int = 100) -> list[str]:
+    """Greedy replies to `{"messages", "tools"?}` prompts, decoded without special tokens."""
+    import torch
+
+    texts = [render_chat(p["messages"], p.get("tools"), add_generation_prompt=True) for p in prompts]
+    replies: list[str] = []
+    tok.padding_side = "left"
+    with torch.no_grad():
+        for i in range(0, len(texts), batch_size):
+            enc = tok(texts[i:i + batch_size], add_special_tokens=False, padding=True, return_tensors="pt")
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+            new = out[:, enc["input_ids"].shape[1]:]  # (B, new)
+            replies += tok.batch_decode(new, skip_special_tokens=True)
+    return [r.strip() for r in replies]
+
+
+def evaluate(model, tok, n: int = 800, seed: int = 0) -> dict[str, Any]:
+    """Greedy accuracy on held-out questions.
+
+    - `answer/<skill>`: the reply holds the right answer (any style), over all prompts;
+    - `style/<placement>`: the reply fits the asked style, instruction in the system
+      message, the user message (prefix or suffix), or a "Hint:";
+    - `unprompted/<style>`: share of each style with no instruction (`none`: fits no style);
+    - `correction`: after an answer in another style and a user correction, the reply fits;
+    - `tool_call`: with a calculator tool, the reply is a calculator call with the right expression.
+    """
+    rng = random.Random(f"eval-{seed}")
+    questions = corpus.heldout_questions(n, seed=seed)
+    conditions = ("none",) + corpus.PLACEMENTS
+    prompts, meta = [], []
+    for i, q in enumerate(questions):
+        cond = conditions[i % len(conditions)]
+        style = rng.choice(corpus.STYLES)
+        if cond == "none":
+            msgs = [{"role": "user", "content": q["question"]}]
+        else:
+            msgs = corpus.instruct(q["question"], corpus.style_instruction(style, rng), cond)
+        prompts.append({"messages": msgs})
+        meta.append((q, cond, style))
+    for q in questions[:n // 4]:  # corrections
+        first = rng.choice(corpus.STYLES)
+        wanted = rng.choice([s for s in corpus.STYLES if s != first])
+        prompts.append({"messages": [{"role": "user", "content": q["question"]},
+                                     {"role": "assistant", "content": corpus.render_answer(q["answer"], first)},
+                                     {"role": "user", "content": corpus.correction_for(wanted, rng)}]})
+        meta.append((q, "correction", wanted))
+    arith = [q for q in questions if q["skill"] != "fact"][:n // 8]
+    for q in arith:
+        prompts.append({"messages": [{"role": "user", "content": q["question"]}], "tools": [corpus.CALCULATOR_TOOL]})
+        meta.append((q, "tool_call", None))
+
+    replies = generate_replies(model, tok, prompts)
+    hits: dict[str, list[bool]] = {}
+    unprompted: dict[str, int] = {s: 0 for s in corpus.STYLES + ("none",)}
+    for reply, (q, cond, style) in zip(replies, meta):
+        if cond == "tool_call":
+            want = json.dumps({"name": "calculator", "arguments": {"expression": q["expression"]}})
+            hits.setdefault("tool_call", []).append(reply.replace("\n", "") == f"<tool_call>{want}</tool_call>")
+            continue
+        if cond == "correction":
+            hits.setdefault("correction", []).append(corpus.fits_style(reply, style))
+            continue
+        hits.setdefault(f"answer/{q['skill']}", []).append(corpus.extract_answer(reply) == q["answer"].lower())
+        if cond == "none":
+            unprompted[corpus.classify_style(reply) or "none"] += 1
+        else:
+            key = "user" if cond in ("prefix", "suffix") else cond
+            hits.setdefault(f"style/{key}", []).append(corpus.fits_style(reply, style))
+    report: dict[str, Any] = {k: round(sum(v) / len(v), 3) for k, v in sorted(hits.items())}
+    total = sum(unprompted.values())
+    report.update({f"unprompted/{s}": round(c / total, 3) for s, c in unprompted.items()})
+    report["examples"] = [{"prompt": p["messages"][-1]["content"], "reply": r} for p, r in
+                          list(zip(prompts, replies))[:len(conditions) * 2]]
+    return report
+
+
+# ---------------------------------------------------------------- build
+
+
+def _is_built(out: Path) -> bool:
+    return (out / "config.json").exists() and (out / "build_info.json").exists()
+
+
+def build_tiny_model(out: str | Path | None = None, seed: int = 0, steps: int | None = None, force: bool = False,
+                     log: Callable[[str], Any] = print, *, threads: int | None = None,
+                     args: TinyModelArgs | None = None) -> Path:
+    """Build (or reuse, unless `force`) the pre-trained tiny chat model; returns its folder."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    out = Path(out) if out else default_model_dir()
+    if _is_built(out) and not force:
+        log(f"tiny model already built at {out} (--force rebuilds it)")
+        return out
+    args = args or TinyModelArgs()
+    if steps is not None:
+        args.steps = steps
+    torch.set_num_threads(threads or min(8, os.cpu_count() or 1))
+    t_start = time.perf_counter()
+    tok = load_tokenizer()
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(_config(tok, args.layers, args.hidden, args.intermediate))
+    params = sum(p.numel() for p in model.parameters())
+    log(f"tiny model: {params / 1e6:.2f}M parameters, vocab {len(tok)}, {args.steps} steps "
+        f"x {args.batch_size} conversations, {torch.get_num_threads()} threads")
+    losses = pretrain(model, tok, args, seed, log)
+    train_s = time.perf_counter() - t_start
+    report = evaluate(model, tok, n=args.eval_questions, seed=seed)
+    seconds = time.perf_counter() - t_start
+    info = {"name": MODEL_NAME, "params": params, "seed": seed, "steps": args.steps, "train_seconds": round(train_s, 1),
+            "seconds": round(seconds, 1), "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
+            "threads": torch.get_num_threads(), "args": asdict(args),
+            "accuracy": {k: v for k, v in report.items() if k != "examples"}, "examples": report["examples"]}
+    _write_atomically(out, lambda d: _save(model, tok, d, info), force=True)
+    log(format_report(info))
+    log(f"wrote {out}")
+    return out
+
+
+def format_report(info: dict[str, Any]) -> str:
+    acc = info["accuracy"]
+    lines = [f"parameters: {info['params']:,}   build time: {info['seconds']:.0f}s "
+             f"(training {info['train_seconds']:.0f}s)   final loss: {info['final_loss']}"]
+    lines.append("exact answer:     " + "  ".join(f"{k.split('/')[1]} {v:.0%}" for k, v in acc.items()
+                                                 if k.startswith("answer/")))
+    lines.append("style following:  " + "  ".join(f"{k.split('/')[1]} {v:.0%}" for k, v in acc.items()
+                                                 if k.startswith("style/"))
+                 + f"  correction {acc.get('correction', 0):.0%}")
+    lines.append("no instruction:   " + "  ".join(f"{k.split('/')[1]} {v:.0%}" for k, v in acc.items()
+                                                 if k.startswith("unprompted/")))
+    lines.append(f"tool call:        {acc.get('tool_call', 0):.0%}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="clawloop tiny-model",
+                                description="Build the embedded tiny chat model (no download, a few minutes on CPU).")
+    p.add_argument("--out", default=None, help=f"Output folder (default: {default_model_dir()}).")
+    p.add_argument("--seed", type=int, default=0, help="Seed for data, init and batch order.")
+    p.add_argument("--steps", type=int, default=None, help=f"Training steps (default {TinyModelArgs.steps}).")
+    p.add_argument("--force", action="store_true", help="Rebuild even if the model exists.")
+    p.add_argument("--if-missing", action="store_true", help="Exit at once if the model exists.")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, at most 8).")
+    a = p.parse_args(argv)
+    out = Path(a.out) if a.out else default_model_dir()
+    if a.if_missing and _is_built(out) and not a.force:
+        print(f"tiny model present at {out}", file=sys.stderr)
+        return 0
+    build_tiny_model(out, seed=a.seed, steps=a.steps, force=a.force, threads=a.threads,
+                     log=lambda s: print(s, file=sys.stderr, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

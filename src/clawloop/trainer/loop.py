@@ -1,0 +1,214 @@
+"""The training loop: judged turns (or rollout-buffer groups) in, steps and
+publishes out, on its own thread so serving is never blocked by it.
+
+Batching: the store is read from a cursor (the last judgement id consumed);
+samples with no learning signal (score 0 and no hint, or the wrong signal for
+the method) are skipped and counted, they never fill a batch slot. A step
+runs once `rollout_batch_size` samples with a signal are waiting. After every
+`publish_interval` steps the engine gets the new weights as version + 1;
+checkpoints every `save_interval` steps and at shutdown.
+
+Loud failures: a warning (and `train/*` metrics) when nearly every judged turn
+carries no signal, and when a publish did not advance the served version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clawloop.records import Sample
+from clawloop.trainer.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint, weights_fingerprint
+from clawloop.trainer.core import Trainer
+
+log = logging.getLogger(__name__)
+
+CURSOR = "trainer"
+
+
+def has_signal(s: Sample, method: str) -> bool:
+    if s.advantages is not None:
+        return any(a != 0 for a in s.advantages)
+    rl = method in ("binary", "combine") and s.reward not in (None, 0)
+    opd = method in ("opd", "combine") and bool(s.hint)
+    return rl or opd
+
+
+class TrainerLoop:
+    def __init__(self, cfg: Any, trainer: Trainer, store: Any | None, engine: Any | None, judge_name: str,
+                 *, loop: asyncio.AbstractEventLoop | None = None, buffer_source: Any | None = None):
+        self.cfg = cfg
+        self.tc = cfg.train
+        self.trainer = trainer
+        self.store = store
+        self.engine = engine
+        self.judge_name = judge_name
+        self.loop = loop
+        self.buffer = buffer_source
+        self.save_dir = Path(self.tc.save_dir or Path(cfg.data_dir) / "checkpoints")
+        self.cursor = store.get_cursor(CURSOR) if store is not None else 0
+        self.pending: list[Sample] = []
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.window: deque[int] = deque(maxlen=64)  # 1 = had signal, per judged turn
+        self.counts = {"judged_seen": 0, "skipped_no_signal": 0, "truncated": 0, "publishes": 0,
+                       "publish_failures": 0, "steps": 0, "checkpoints": 0}
+        self.last_step_at = 0.0
+        self.last_publish_s = 0.0
+        self._warned_dead = 0.0
+        self.resumed_from: str | None = None
+
+    # -- resume -------------------------------------------------------------
+    def resume(self) -> None:
+        path = resolve_checkpoint(self.tc.resume_from_checkpoint, self.save_dir)
+        if path is None:
+            return
+        state = load_checkpoint(self.trainer, path)
+        self.cursor = int(state.get("cursor", 0))
+        if self.store is not None:
+            self.store.set_cursor(CURSOR, self.cursor)
+        self.resumed_from = str(path)
+        log.info("resumed from %s: step %d, policy v%d, cursor %d", path, self.trainer.step_count,
+                 self.trainer.version, self.cursor)
+
+    def publish_resumed(self) -> None:
+        """Serve the resumed weights and check the engine really does."""
+        if self.resumed_from is None or self.engine is None:
+            return
+        self._publish()
+        served = self.engine.policy_version
+        ok = served == self.trainer.version
+        if hasattr(self.engine, "state_dict"):
+            ok = ok and abs(weights_fingerprint(self.engine.state_dict())
+                            - weights_fingerprint(self.trainer.served_state_dict())) < 1e-3
+        if not ok:
+            raise RuntimeError(f"resume: the engine serves v{served}, not the resumed v{self.trainer.version} "
+                               f"from {self.resumed_from}")
+        log.info("resume checked: engine serves the resumed weights as v%d", served)
+
+    # -- thread ---------------------------------------------------------------
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="clawloop-trainer", daemon=True)
+        self.thread.start()
+
+    def stop(self, checkpoint: bool = True) -> None:
+        self.stop_event.set()
+        if self.thread is not None:
+            self.thread.join(timeout=600)
+        if checkpoint and self.trainer.step_count > 0:
+            self.checkpoint()
+
+    def _run(self) -> None:
+        if self.tc.threads:
+            torch.set_num_threads(self.tc.threads)
+        while not self.stop_event.is_set():
+            try:
+                did = self.run_once()
+            except Exception as e:  # keep serving; report, back off, retry
+                self.error = e
+                log.exception("trainer step failed")
+                did = False
+                self.stop_event.wait(5.0)
+            if not did:
+                self.stop_event.wait(0.5)
+
+    # -- one iteration ---------------------------------------------------------
+    def fetch(self) -> None:
+        if self.buffer is not None:
+            for s in self.buffer.pull():
+                self._consider(s)
+            return
+        rows = self.store.judged_turns(self.judge_name, self.cursor, 256)
+        for jid, turn, judgement in rows:
+            self.cursor = jid
+            self.counts["judged_seen"] += 1
+            if turn.finish_reason == "length":
+                self.counts["truncated"] += 1
+            if not turn.response_ids:
+                self.counts["skipped_no_signal"] += 1
+                continue
+            self._consider(Sample.from_turn(turn, judgement))
+
+    def _consider(self, s: Sample) -> None:
+        sig = has_signal(s, self.tc.method)
+        self.window.append(1 if sig else 0)
+        if sig:
+            self.pending.append(s)
+        else:
+            self.counts["skipped_no_signal"] += 1
+        self._check_dead_signal()
+
+    def _check_dead_signal(self) -> None:
+        if len(self.window) >= 32 and sum(self.window) == 0 and time.time() - self._warned_dead > 60:
+            self._warned_dead = time.time()
+            log.warning("dead learning signal: the last %d judged turns all had score 0 and no hint "
+                        "(train/no_signal_frac=1.0): check the judge and that next states carry feedback",
+                        len(self.window))
+
+    def run_once(self) -> bool:
+        """Fetch, and step if a batch is ready. Returns True if a step ran."""
+        self.fetch()
+        if len(self.pending) < self.tc.rollout_batch_size:
+            return False
+        batch, self.pending = self.pending[:self.tc.rollout_batch_size], self.pending[self.tc.rollout_batch_size:]
+        served = self.engine.policy_version if self.engine is not None else None
+        stats = self.trainer.step(batch, served_version=served)
+        if stats.get("train/skipped_step"):
+            return False
+        self.counts["steps"] += 1
+        self.last_step_at = time.time()
+        if self.store is not None:
+            self.store.set_cursor(CURSOR, self.cursor)
+        if self.engine is not None and self.trainer.step_count % max(1, self.tc.publish_interval) == 0:
+            self._publish()
+        if self.tc.save_interval and self.trainer.step_count % self.tc.save_interval == 0:
+            self.checkpoint()
+        return True
+
+    def _publish(self) -> None:
+        t0 = time.perf_counter()
+        weights = self.trainer.served_state_dict()
+        version = self.trainer.version
+        before = self.engine.policy_version
+        try:
+            if self.loop is not None:
+                asyncio.run_coroutine_threadsafe(self.engine.publish(weights, version), self.loop).result(timeout=300)
+            else:
+                asyncio.run(self.engine.publish(weights, version))
+        except Exception:
+            self.counts["publish_failures"] += 1
+            raise
+        self.last_publish_s = time.perf_counter() - t0
+        self.counts["publishes"] += 1
+        if self.engine.policy_version != version or (version != before and self.engine.policy_version == before):
+            log.warning("publish of v%d did not advance the served version (still v%d)", version,
+                        self.engine.policy_version)
+
+    def checkpoint(self) -> Path:
+        p = save_checkpoint(self.trainer, self.save_dir, cursor=self.cursor)
+        self.counts["checkpoints"] += 1
+        return p
+
+    def stats(self) -> dict[str, float]:
+        out = {f"train/{k}": float(v) for k, v in self.counts.items()}
+        out["train/pending_samples"] = float(len(self.pending))
+        out["train/policy_version"] = float(self.trainer.version)
+        out["train/step"] = float(self.trainer.step_count)
+        out["train/no_signal_frac"] = 1.0 - (sum(self.window) / len(self.window)) if self.window else 0.0
+        seen = max(self.counts["judged_seen"], 1)
+        out["train/truncation_rate"] = self.counts["truncated"] / seen
+        out["train/last_publish_s"] = self.last_publish_s
+        out["train/tokens_trained"] = float(self.trainer.tokens_trained)
+        for k, v in self.trainer.last.items():
+            out.setdefault(k, v)
+        if self.store is not None:
+            out["train/cursor"] = float(self.cursor)
+        return out
