@@ -16,11 +16,12 @@ from clawloop.buffer.discovery import (
     discover_generators,
     write_generator_template,
 )
-from clawloop.buffer.service import RolloutBuffer, create_buffer_app, run_buffer
+from clawloop.buffer.service import BufferThread, RolloutBuffer, create_buffer_app, run_buffer
 from clawloop.buffer.source import BufferSource
 
 __all__ = [
     "BufferSource",
+    "BufferThread",
     "Generator",
     "GeneratorError",
     "RolloutBuffer",

@@ -435,6 +435,51 @@ def create_buffer_app(cfg: Config) -> FastAPI:
     return app
 
 
+class BufferThread:
+    """The buffer served by a real uvicorn server on a thread of this process (tests,
+    benchmarks, embedding). Port 0 in the config picks a free port.
+
+        srv = BufferThread(cfg).start(); srv.url; srv.buffer; srv.stop()
+    """
+
+    def __init__(self, cfg: Config):
+        import socket
+
+        import uvicorn
+
+        self.app = create_buffer_app(cfg)
+        self.buffer: RolloutBuffer = self.app.state.buffer
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((cfg.buffer.host, cfg.buffer.port))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
+                                                    timeout_graceful_shutdown=10))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="clawloop-buffer-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "BufferThread":
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("rollout buffer server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; the lifespan shutdown stops rollouts and closes the store."""
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+        self.sock.close()
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True

@@ -81,8 +81,9 @@ _BUMP = ("INSERT INTO counters (task_type, name, value) VALUES (?, ?, ?) "
 
 
 def instance_key(instance_id: Any) -> str:
-    """The text key of an instance_id (strings as they are, ints as their digits)."""
-    return instance_id if isinstance(instance_id, str) else json.dumps(instance_id)
+    """The text key of an instance_id: its JSON (so 3 and "3" are different groups,
+    and the original value comes back with json.loads)."""
+    return json.dumps(instance_id, separators=(",", ":"))
 
 
 @dataclass
@@ -381,17 +382,19 @@ class BufferStore:
         if batch_size and available < batch_size:
             res["enough"] = False
             return res
-        bodies: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for gid, body in conn.execute(
-                f"SELECT i.group_id, i.body FROM items i JOIN groups g ON g.id = i.group_id WHERE g.{where} "
-                "ORDER BY i.group_id, i.id", args):
-            bodies[gid].append(json.loads(body))
         decided: list[tuple[ReadyGroup, GroupOutcome]] = []
         handed = 0
-        for gid, task, key, size, stale, _n in rows:
+        bodies: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for i, (gid, task, key, size, stale, _n) in enumerate(rows):
             if batch_size and handed >= batch_size:
                 break
-            group = ReadyGroup(gid, task, key, size, bool(stale), bodies.get(gid, []))
+            if gid not in bodies:  # load items a chunk of groups at a time: a small batch reads little
+                chunk = [r[0] for r in rows[i:i + (16 if batch_size else 500)]]
+                for g_id, body in conn.execute(
+                        f"SELECT group_id, body FROM items WHERE group_id IN ({','.join('?' * len(chunk))}) "
+                        "ORDER BY group_id, id", chunk):
+                    bodies[g_id].append(json.loads(body))
+            group = ReadyGroup(gid, task, key, size, bool(stale), bodies.pop(gid, []))
             outcome = decide(group)
             decided.append((group, outcome))
             if outcome.handed:

@@ -89,7 +89,7 @@ _HTTP = _rx(r"\bHTTP(?:/\d(?:\.\d)?)?\s+[45]\d\d\b",
 _FAIL_PHRASES = _rx(
     r"\bcommand not found\b", r"\bno such file or directory\b", r"\bpermission denied\b", r"\baccess denied\b",
     r"\bsegmentation fault\b", r"\bcore dumped\b", r"\bconnection refused\b", r"\bfailed to\b",
-    r"\btimed out\b", r"\btimeout (?:exceeded|expired)\b", r"\bout of memory\b", r"^killed\b",
+    r"\btimed out\b", r"\btime ?out (?:waiting|while|after|error|exceeded|expired|reached)\b", r"^timeout\b", r"\bout of memory\b", r"^killed\b",
     r"\bnot recognized as an internal or external command\b", r"\bpanicked at\b", r"\bnot found\b",
     r"\bunauthori[sz]ed\b", r"\bforbidden\b", r"\bcannot find\b", r"\bcould not (?:find|open|read|connect|resolve)\b",
     r"\bunable to\b", r"\bdenied\b", r"\baborted\b", r"\bmerge conflict\b", r"^conflict\b", r"\bFAILED\b", r"\b[1-9]\d* failed\b", r"\b(?:an?|unexpected|internal|unknown|fatal) error\b",
@@ -217,7 +217,11 @@ _NEGATIVE = _rx(
     r"\b(?:that|this|it)(?:'s| is) not\b(?! (?:bad|a problem|an issue)\b)", r"\bwrong\b", r"\bincorrect\b",
     r"\bnot (?:correct|right|true|accurate)\b", r"\bdoes(?:n't| not) (?:look|seem|sound) right\b",
     r"\bnot what i\b", r"\bi (?:meant|mean,|said)\b", r"(?<!what )\bi (?:asked|wanted|was asking|was looking for)\b",
-    r"\bwhat i meant\b", r"\bi (?:don't|do not) think\b", r"\bkeep it\b", r"\bunder \d+ (?:words|lines|characters)\b",
+    r"\bwhat i meant\b", r"\bi (?:don't|do not) think\b", r"\bopposite of what\b",
+    r"\b(?:answer|reply|respond|write|say|antworte|schreib|réponds|écris|responde|escribe)\w*\b[^.?!]{0,20}"
+    r"\b(?:in|auf|en)\s+(?:english|englisch|anglais|inglés|german|deutsch|allemand|alemán|french|französisch|"
+    r"français|francés|spanish|spanisch|espagnol|español|italian|italienisch|italien|italiano|chinese|chinesisch|"
+    r"chinois|chino|japanese|japanisch|japonais|japonés|portuguese|portugiesisch|portugais|portugués)\b", r"\bkeep it\b", r"\bunder \d+ (?:words|lines|characters)\b",
     r"\b(?:did(?:n't| not)|never) ask\b",
     r"\byou (?:forgot|missed|ignored|did(?:n't| not)|didn't|skipped|left out|misunderstood|misread|got it wrong|"
     r"broke|deleted|removed|changed)\b", r"\bmisunderstood\b", r"\bwhy did you\b",
@@ -519,9 +523,17 @@ def classify_user_reply(content: str, previous_request: str | None = None) -> Ve
         err = find_error(t, structured=False)
         hint = f'The user reports an error: "{_clip(err)}". Fix its cause.' if err else hint_from_correction(t)
         return Verdict(-1, "user:reports-error", hint)
+    pos = _POSITIVE.search(low)
+    buts = list(_BUT.finditer(low))
+    if buts and (neg is not None or pos is not None):
+        # "X, but Y": the clause after the last "but" decides.
+        tail = low[buts[-1].end():]
+        if _NEGATIVE.search(tail) or style_of_correction(tail):
+            return Verdict(-1, "user:but-correction", hint_from_correction(t, previous_request))
+        if _POSITIVE.search(tail):
+            return Verdict(1, "user:but-thanks")
     if neg is not None:
         return Verdict(-1, "user:correction", hint_from_correction(t, previous_request))
-    pos = _POSITIVE.search(low)
     if pos is not None:
         if _BUT.search(low, pos.end()):
             return Verdict(-1, "user:praise-but", hint_from_correction(t, previous_request))

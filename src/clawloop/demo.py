@@ -1,0 +1,241 @@
+"""`clawloop demo`: does the model learn from its users? A user simulator.
+
+Simulated users talk to `clawloop up` through the official `openai` client,
+in multi-turn sessions (`X-Session-Id`). Every user shares one hidden
+preference about the form of an answer (`--preference`, e.g. `bare`: only the
+number). When an answer fits, the user thanks and asks the next question; when
+not, the user corrects ("just the number, please") and the assistant tries
+again. Those replies are the next states the judge reads; nothing else tells
+the model what the users want.
+
+Satisfaction = the fraction of answers to held-out questions that already fit
+the preference, sampled at temperature 1 with fixed seeds, sent as side turns
+so that measuring never trains. It is measured before training (baseline)
+and after every policy update. Users pause while it is measured, so each
+point belongs to exactly one served version.
+
+    clawloop demo --method combine --updates 16 --out result.json
+
+Writes `result.json` (baseline, final, curve) and a PNG plot beside it; the
+last line printed is `method=... baseline=0.XX final=0.XX updates=N minutes=M`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from clawloop.tinymodel.corpus import STYLES, correction_for, fits_style, heldout_questions, sample_question
+
+THANKS = ("Thanks!", "Great, thank you.", "Perfect, thanks!", "Thank you!", "Nice, thanks.")
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Up:
+    """`clawloop up` in a child process; stopped with SIGINT (graceful)."""
+
+    def __init__(self, args: argparse.Namespace, data_dir: str):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "clawloop.cli", "up", "--port", str(self.port), "--data-dir", data_dir,
+               "--method", args.method, "--rollout-batch-size", str(args.batch_size), "--lr", str(args.lr),
+               "--judge", "offline", "--seed", str(args.seed), "--no-serve-status",
+               "--capture-session-idle-timeout-s", "30"]
+        if args.model_path:
+            cmd += ["--model-path", args.model_path]
+        cmd += args.up_args
+        self.log = open(Path(data_dir) / "up.log", "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"clawloop up exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError("clawloop up did not start within 300 s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def version(url: str) -> int:
+    return int(httpx.get(url + "/health", timeout=10).json()["policy_version"])
+
+
+def satisfaction(client: Any, preference: str, questions: list[dict[str, str]], seed: int) -> tuple[float, int]:
+    """Fraction of held-out answers that fit; also the served version seen."""
+    def ask(k: int) -> tuple[bool, int]:
+        q = questions[k]
+        raw = client.chat.completions.with_raw_response.create(
+            model="clawloop", messages=[{"role": "user", "content": q["question"]}], max_tokens=24,
+            temperature=1.0, seed=seed + k, extra_headers={"X-Turn-Type": "side", "X-Session-Id": f"eval-{k}"})
+        r = raw.parse()
+        return fits_style(r.choices[0].message.content or "", preference), int(raw.headers["x-policy-version"])
+
+    with ThreadPoolExecutor(8) as ex:
+        res = list(ex.map(ask, range(len(questions))))
+    return sum(ok for ok, _ in res) / len(res), max(v for _, v in res)
+
+
+def run_user(client: Any, preference: str, rng: random.Random, sid: str, turns: int) -> dict[str, int]:
+    """One session: questions, corrections when the answer does not fit, thanks when it does."""
+    msgs: list[dict[str, Any]] = []
+    stats = {"answers": 0, "fit": 0}
+    pending_q = sample_question(rng)["question"]
+    for k in range(turns):
+        msgs.append({"role": "user", "content": pending_q})
+        last = k == turns - 1
+        r = client.chat.completions.create(model="clawloop", messages=msgs, max_tokens=24, temperature=1.0,
+                                           extra_headers={"X-Session-Id": sid, **({"X-Session-Done": "1"} if last
+                                                                                   else {})})
+        answer = r.choices[0].message.content or ""
+        msgs.append({"role": "assistant", "content": answer})
+        stats["answers"] += 1
+        if fits_style(answer, preference):
+            stats["fit"] += 1
+            pending_q = f"{rng.choice(THANKS)} {sample_question(rng)['question']}"
+        else:
+            pending_q = correction_for(preference, rng)
+    return stats
+
+
+def plot(curve: list[dict[str, float]], baseline: float, out: Path, title: str) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    xs = [0] + [c["update"] for c in curve]
+    ys = [baseline] + [c["satisfaction"] for c in curve]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(xs, ys, marker="o")
+    ax.set_xlabel("policy update")
+    ax.set_ylabel("satisfaction (held-out)")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    png = out.with_suffix(".png")
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="clawloop demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--method", default="combine", choices=("binary", "opd", "combine"))
+    ap.add_argument("--updates", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--preference", default="bare", choices=STYLES, help="The users' hidden preference.")
+    ap.add_argument("--users", type=int, default=4, help="Concurrent simulated users.")
+    ap.add_argument("--turns", type=int, default=4, help="Turns per session.")
+    ap.add_argument("--eval-questions", type=int, default=48)
+    ap.add_argument("--batch-size", type=int, default=16, help="--rollout-batch-size of the trainer.")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--model-path", default="", help="Policy model (default: the tiny model, built if missing).")
+    ap.add_argument("--url", default="", help="Use a running `clawloop up` at this base URL instead of starting one.")
+    ap.add_argument("--out", default="demo-result.json")
+    ap.add_argument("--data-dir", default="", help="Data dir for the started `up` (default: a temp dir).")
+    ap.add_argument("--max-minutes", type=float, default=30.0)
+    ap.add_argument("up_args", nargs=argparse.REMAINDER, help="After `--`: extra flags for `clawloop up`.")
+    a = ap.parse_args(argv)
+    a.up_args = [x for x in a.up_args if x != "--"]
+    import openai
+
+    if not a.url and not a.model_path:
+        from clawloop.tinymodel.build import build_tiny_model, default_model_dir
+
+        if not (default_model_dir() / "config.json").exists():
+            build_tiny_model()
+    t0 = time.time()
+    up = None
+    if a.url:
+        url = a.url.rstrip("/").removesuffix("/v1")
+    else:
+        data = a.data_dir or tempfile.mkdtemp(prefix="clawloop-demo-")
+        Path(data).mkdir(parents=True, exist_ok=True)
+        up = Up(a, data)
+        url = up.url
+        print(f"demo: clawloop up on {url} (data {data}, log {up.log.name})", flush=True)
+    client = openai.OpenAI(base_url=url + "/v1", api_key=os.environ.get("OPENCLAW_API_KEY", "none"), max_retries=2,
+                           timeout=120)
+    rng = random.Random(a.seed)
+    questions = heldout_questions(a.eval_questions, seed=a.seed + 1)
+    curve: list[dict[str, float]] = []
+    users_fit = users_answers = 0
+    try:
+        v0 = version(url)
+        baseline, _ = satisfaction(client, a.preference, questions, seed=10_000)
+        print(f"demo: baseline satisfaction {baseline:.2f} at policy v{v0}", flush=True)
+        last_v, sessions = v0, 0
+        while len(curve) < a.updates and time.time() - t0 < a.max_minutes * 60:
+            with ThreadPoolExecutor(a.users) as ex:
+                futs = [ex.submit(run_user, client, a.preference, random.Random(rng.random()),
+                                  f"user{u}-s{sessions}", a.turns) for u in range(a.users)]
+                for f in futs:
+                    s = f.result()
+                    users_fit += s["fit"]
+                    users_answers += s["answers"]
+            sessions += 1
+            v = version(url)
+            if v == last_v:
+                continue
+            # let an update that is mid-publish settle, then measure at one version
+            sat, seen = satisfaction(client, a.preference, questions, seed=10_000)
+            last_v = version(url)
+            curve.append({"update": len(curve) + 1, "policy_version": seen, "satisfaction": sat,
+                          "minutes": (time.time() - t0) / 60})
+            print(f"demo: update {len(curve)} (v{seen}) satisfaction {sat:.2f} "
+                  f"[{(time.time() - t0) / 60:.1f} min]", flush=True)
+    finally:
+        if up is not None:
+            up.stop()
+    minutes = (time.time() - t0) / 60
+    final = curve[-1]["satisfaction"] if curve else baseline
+    out = Path(a.out)
+    result = {"method": a.method, "preference": a.preference, "baseline": baseline, "final": final,
+              "curve": curve, "updates": len(curve), "minutes": minutes, "seed": a.seed,
+              "batch_size": a.batch_size, "lr": a.lr, "users_fit_rate": users_fit / max(users_answers, 1)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    png = plot(curve, baseline, out, f"clawloop demo: {a.method}, preference={a.preference}")
+    if png:
+        print(f"demo: wrote {out} and {png}", flush=True)
+    print(f"method={a.method} baseline={baseline:.2f} final={final:.2f} updates={len(curve)} minutes={minutes:.1f}")
+    return 0
