@@ -12,7 +12,11 @@ checkpoint), flushes the store and stops the engine; exit code 0.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,6 +42,9 @@ def open_store(cfg: Config) -> Store:
 def build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, store: Store | None = None):
     """The app with its background loops; returns (app, parts) so tests and
     benchmarks can reach the engine, store, judge loop and trainer."""
+    if train and cfg.model.threads == 0 and engine is None:
+        # Small machines: the engine and the trainer get a core each, so training never starves serving.
+        cfg.model.threads = 1
     engine = engine or make_engine(cfg)
     store = store or open_store(cfg)
     parts: dict[str, Any] = {"engine": engine, "store": store}
@@ -51,9 +58,69 @@ def build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, stor
         from clawloop.trainer import attach_trainer
 
         attach_trainer(cfg, engine, store, parts, stats, background)
+    if cfg.serve.status and sys.stdout.isatty():
+        background.append(lambda: live_status(parts))
     app = create_app(cfg, engine, store if cfg.capture.enabled else None, stats=stats, background=background)
     parts["gateway"] = app.state.gateway
     return app, parts
+
+
+async def live_status(parts: dict[str, Any], every_s: float = 1.0) -> None:
+    """A live terminal table (rich): traffic, sessions, capture/judge/train counts, version, queues."""
+    import asyncio
+    import time
+
+    from rich.live import Live
+    from rich.table import Table
+
+    last_req, last_t = 0.0, time.time()
+
+    def render() -> Table:
+        nonlocal last_req, last_t
+        s = parts["gateway"]._all_stats()
+        now = time.time()
+        req = s.get("gateway/requests", 0.0)
+        rps = (req - last_req) / max(now - last_t, 1e-6)
+        last_req, last_t = req, now
+        t = Table(title="clawloop up", show_header=False, expand=False)
+        rows = [
+            ("requests/s", f"{rps:.1f}"), ("in flight", f"{s.get('gateway/inflight', 0):.0f}"),
+            ("open sessions", f"{s.get('capture/open_sessions', 0):.0f}"),
+            ("turns captured", f"{s.get('capture/turns_captured', 0):.0f}"),
+            ("turns judged", f"{s.get('judge/judged', 0):.0f}"),
+            ("judge pending", f"{s.get('judge/pending', 0):.0f}"),
+            ("mean score", f"{(s.get('judge/score_pos', 0) - s.get('judge/score_neg', 0)) / max(s.get('judge/judged', 0), 1):+.2f}"),
+            ("train steps", f"{s.get('train/steps', 0):.0f}"),
+            ("samples waiting", f"{s.get('train/pending_samples', 0):.0f}"),
+            ("policy version", f"{s.get('engine/policy_version', 0):.0f}"),
+            ("last step", f"{s.get('train/step_s', 0):.2f} s"),
+            ("store writes queued", f"{s.get('capture/store_pending_writes', 0):.0f}"),
+        ]
+        for k, v in rows:
+            t.add_row(k, v)
+        return t
+
+    with Live(render(), refresh_per_second=2, transient=True) as live:
+        while True:
+            await asyncio.sleep(every_s)
+            live.update(render())
+
+
+class _Server(uvicorn.Server):
+    """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown; we have
+    finished cleanly by then and exit 0 instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
 
 
 def run(cfg: Config, *, judge: bool, train: bool) -> int:
@@ -65,7 +132,7 @@ def run(cfg: Config, *, judge: bool, train: bool) -> int:
           f"http://{cfg.serve.host}:{cfg.serve.port}/v1 (policy v{engine.policy_version}); "
           f"data in {cfg.data_dir} (config: {resolved}); judge={'on' if judge else 'off'} "
           f"train={'on' if train else 'off'}", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=cfg.serve.host, port=cfg.serve.port,
+    server = _Server(uvicorn.Config(app, host=cfg.serve.host, port=cfg.serve.port,
                                            log_level="warning" if cfg.log_level != "debug" else "debug",
                                            timeout_graceful_shutdown=30))
     try:

@@ -1,6 +1,6 @@
 """Running one generator's `run_rollout(data)` in a child process we can stop.
 
-The buffer starts `python -m clawloop.buffer.runner FILE PAYLOAD_JSON` in a
+The buffer starts `python -c <runner.main> FILE PAYLOAD_JSON` in a
 new session (its own process group), so `/stop_rollout` can end the
 generator and every worker process it forked, and nothing else: the signal
 goes to that group only. Output goes to a log file under the data dir.
@@ -22,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 
+# `-c` rather than `-m clawloop.buffer.runner`: the package imports this module, and
+# runpy warns when a module it is about to run as __main__ is already imported.
+_CHILD = "import sys; from clawloop.buffer.runner import main; sys.exit(main(sys.argv[1:]))"
+
+
 class RolloutProcess:
     def __init__(self, task_type: str, path: Path, popen: subprocess.Popen, log_path: Path, payload: dict[str, Any]):
         self.task_type = task_type
@@ -41,7 +46,7 @@ class RolloutProcess:
         payload_path.write_text(json.dumps(payload, default=str))
         with open(log_path, "ab") as log_file:
             popen = subprocess.Popen(
-                [sys.executable, "-u", "-m", "clawloop.buffer.runner", str(path), str(payload_path)],
+                [sys.executable, "-u", "-c", _CHILD, str(path), str(payload_path)],
                 stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # own process group: stop() reaches the generator's workers too
             )

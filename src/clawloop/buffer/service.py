@@ -309,6 +309,67 @@ class RolloutBuffer:
         self.store.close()
 
 
+async def write_one(buf: RolloutBuffer, body: bytes) -> tuple[int, dict[str, Any]]:
+    """POST /buffer/write: (status, answer) for one raw body; stored once committed."""
+    try:
+        item = _parse(body)
+    except BadInput as e:
+        return e.status, {"success": False, "message": e.message, "data": None}
+    why = validate_item(item)
+    if why is not None:
+        return 422, {"success": False, "message": why, "data": None}
+    task = buf.task_of(item)
+    (n, size), = await buf.write([(task, instance_key(item["instance_id"]), body)])
+    return 200, {"success": True, "message": "Data has been successfully written to buffer",
+                 "data": {"instance_id": item["instance_id"], "task_type": task, "group_items": n,
+                          "group_size": size, "group_complete": n >= size}}
+
+
+def serving_app(app: FastAPI) -> Any:
+    """The ASGI app to serve: `app`, with POST /buffer/write answered before any
+    framework layer (no Starlette request/response objects, routing or FastAPI
+    middleware): on a small machine that per-request overhead, not SQLite, bounds
+    ingest. Everything else, lifespan included, goes to `app`."""
+    return _FastWrite(app, app.state.buffer, app.state.buffer.cfg.buffer.max_body_bytes)
+
+
+class _FastWrite:
+    def __init__(self, app: Any, buffer: RolloutBuffer, limit: int):
+        self.app = app
+        self.buf = buffer
+        self.limit = limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/buffer/write" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        status, answer = 413, None
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            msg = f"request body too large: {int(declared)} bytes (limit {self.limit}, buffer.max_body_bytes)"
+            answer = {"success": False, "message": msg, "data": None}
+        else:
+            chunks, size, more = [], 0, True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.limit:
+                    answer = {"success": False, "data": None,
+                              "message": f"request body too large: over {self.limit} bytes (buffer.max_body_bytes)"}
+                    break
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+            if answer is None:
+                status, answer = await write_one(self.buf, b"".join(chunks))
+        data = json.dumps(answer, separators=(",", ":")).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -357,16 +418,10 @@ def create_buffer_app(cfg: Config) -> FastAPI:
         return _answer(False, str(exc), None, 500)
 
     async def buffer_write(request: Request) -> JSONResponse:
-        body = await _read_body(request, limit)
-        item = _parse(body)
-        why = validate_item(item)
-        if why is not None:
-            raise BadInput(422, why)
-        task = buf.task_of(item)
-        (n, size), = await buf.write([(task, instance_key(item["instance_id"]), body)])
-        return _answer(True, "Data has been successfully written to buffer",
-                       {"instance_id": item["instance_id"], "task_type": task, "group_items": n,
-                        "group_size": size, "group_complete": n >= size})
+        # run_buffer and BufferThread serve this path from serving_app()'s fast path; this
+        # route answers the same when the app is mounted some other way.
+        status, answer = await write_one(buf, await _read_body(request, limit))
+        return JSONResponse(answer, status_code=status)
 
     async def buffer_write_batch(request: Request) -> JSONResponse:
         body = await _read_body(request, limit)
@@ -386,7 +441,6 @@ def create_buffer_app(cfg: Config) -> FastAPI:
             await buf.write(entries)
         return _answer(True, f"wrote {len(entries)} items", {"written": len(entries)})
 
-    # Plain Starlette routes for the hot path: no dependency solving per request.
     app.router.add_route("/buffer/write", buffer_write, methods=["POST"])
     app.router.add_route("/buffer/write_batch", buffer_write_batch, methods=["POST"])
 
@@ -453,8 +507,8 @@ class BufferThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((cfg.buffer.host, cfg.buffer.port))
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
-                                                    timeout_graceful_shutdown=10))
+        self.server = uvicorn.Server(uvicorn.Config(serving_app(self.app), log_level="warning", access_log=False,
+                                                    proxy_headers=False, timeout_graceful_shutdown=10))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="clawloop-buffer-http", daemon=True)
 
@@ -500,5 +554,5 @@ def run_buffer(cfg: Config) -> None:
     print(f"clawloop: rollout buffer on http://{cfg.buffer.host}:{cfg.buffer.port} "
           f"(store {app.state.buffer.store.path}; generators: {', '.join(sorted(app.state.buffer.generators))})",
           flush=True)
-    uvicorn.run(app, host=cfg.buffer.host, port=cfg.buffer.port, access_log=False,
+    uvicorn.run(serving_app(app), host=cfg.buffer.host, port=cfg.buffer.port, access_log=False, proxy_headers=False,
                 log_level="debug" if cfg.log_level == "debug" else "warning", timeout_graceful_shutdown=30)

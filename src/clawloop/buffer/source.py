@@ -12,8 +12,8 @@ engine's logprobs on the response. Otherwise the item's `messages` are
 rendered with the tokenizer's chat template: the last assistant message is
 the response, everything before it the prompt (earlier assistant turns do not
 train). Such items are counted in `buffer/retokenized` and logged; their
-rollout logprobs are NaN on the response, meaning "unknown: recompute with
-the current policy", never a made-up number.
+rollout logprobs are all 0.0, which the trainer reads as "no engine logprobs"
+(it then uses its own recomputed ones), never a made-up number.
 
 Advantages (`advantages="group"`, the default): per group (instance_id), the
 pad copies the buffer added are dropped (`pad_copy`, or a repeated `uid`), and
@@ -105,7 +105,7 @@ class BufferSource:
         if retok:
             self.stats["buffer/retokenized"] += retok
             log.warning("buffer: %d of %d items carried no token ids and were re-tokenized from messages "
-                        "(rollout logprobs unknown); use a token-returning engine (clawloop's gateway with "
+                        "(no engine logprobs); use a token-returning engine (clawloop's gateway with "
                         "return_token_ids) for exact tokens", retok, len(samples))
         return samples
 
@@ -147,7 +147,7 @@ class BufferSource:
             p, r, lp = list(prompt), list(resp), [float(x) for x in lps]
         else:
             p, r = self._retokenize(messages, prompt_messages, item)
-            lp = [math.nan] * len(r)
+            lp = [0.0] * len(r)  # all zeros: the trainer's "no engine logprobs"
         sample = Sample(
             tokens=p + r,
             loss_mask=[0] * len(p) + [1] * len(r),

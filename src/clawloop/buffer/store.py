@@ -21,6 +21,7 @@ readers.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -135,6 +136,15 @@ class BufferStore:
     def __init__(self, path: str | Path, default: TaskSpec):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The writer thread caches open groups in memory, so two buffers on one file would
+        # diverge: refuse the second one.
+        self._lock_file = open(self.path.with_name(self.path.name + ".lock"), "w")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise RuntimeError(f"another rollout buffer is using {self.path}; give each buffer its own --data-dir") \
+                from None
         self.default = default
         self._q: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self._read_lock = threading.Lock()
@@ -195,10 +205,11 @@ class BufferStore:
             stop = any(kind == "stop" for kind, _, _ in batch)
             now = time.time()
             sweep = now - last_sweep >= self._sweep_interval()
+            if sweep:
+                last_sweep = now
+                sweep = any(now - g.last >= self.spec(g.task_type).group_timeout_s for g in self._open.values())
             if batch or sweep:
                 self._apply(conn, batch, now, sweep)
-                if sweep:
-                    last_sweep = now
             if stop:
                 conn.close()
                 return
@@ -344,6 +355,7 @@ class BufferStore:
         self._closed = True
         self._q.put(("stop", None, None))
         self._writer.join(timeout=30)
+        self._lock_file.close()  # releases the flock
 
     def ready_items(self) -> int:
         return self._conn().execute("SELECT COALESCE(SUM(n), 0) FROM groups WHERE state='ready'").fetchone()[0]

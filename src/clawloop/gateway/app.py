@@ -89,13 +89,14 @@ class Gateway:
         self.stats_fns.extend(stats or [])
         self.metrics.add_stats(self._all_stats)
         self.inflight = 0
+        self.requests = 0
         self.started_at = time.time()
         self._eos = set(getattr(engine, "eos_token_ids", ()) or ())
         if self.tok.eos_token_id is not None:
             self._eos.add(self.tok.eos_token_id)
 
     def _all_stats(self) -> dict[str, float]:
-        out: dict[str, float] = {"gateway/inflight": float(self.inflight)}
+        out: dict[str, float] = {"gateway/inflight": float(self.inflight), "gateway/requests": float(self.requests)}
         for fn in self.stats_fns:
             try:
                 out.update(fn())
@@ -141,6 +142,7 @@ class Gateway:
 
     async def chat(self, request: Request) -> Response:
         t0 = time.perf_counter()
+        self.requests += 1
         self.check_auth(request)
         body = parse_json_body(await self.read_body(request))
         max_len = self.cfg.model.max_model_len

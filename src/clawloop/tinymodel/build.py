@@ -178,40 +178,38 @@ def encode_conversations(tok, conversations: list[dict[str, Any]]) -> list[tuple
     """(input ids, loss mask) per conversation; the mask is 1 on assistant tokens
     (content, tool calls and the closing <|im_end|>) and 0 on everything else."""
     texts = [render_chat(c["messages"], c.get("tools")) for c in conversations]
-    enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
     out = []
-    for text, ids, offsets in zip(texts, enc["input_ids"], enc["offset_mapping"]):
+    for text, e in zip(texts, tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)):
         spans = [m.span(1) for m in _ASSISTANT.finditer(text)]
-        mask = [int(any(s <= a and b <= e for s, e in spans)) for a, b in offsets]
-        out.append((ids, mask))
+        mask = [int(any(s <= a and b <= e for s, e in spans)) for a, b in e.offsets]
+        out.append((e.ids, mask))
     return out
 
 
-def _batches(encoded: list[tuple[list[int], list[int]]], batch_size: int, rng: random.Random):
+def _pack(encoded: list[tuple[list[int], list[int]]], pad_id: int):
+    """All conversations as one right-padded (N, T) id array and label array (-100 off the loss)."""
+    import numpy as np
+
+    T = max(len(ids) for ids, _ in encoded)
+    ids = np.full((len(encoded), T), pad_id, dtype=np.int32)
+    labels = np.full((len(encoded), T), -100, dtype=np.int32)
+    for r, (x, m) in enumerate(encoded):
+        ids[r, :len(x)] = x
+        labels[r, :len(x)] = np.where(np.asarray(m, dtype=bool), x, -100)
+    return ids, labels
+
+
+def _batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
     """Batches of similar length (less padding), in a seeded random order."""
-    order = list(range(len(encoded)))
+    order = list(range(len(lengths)))
     rng.shuffle(order)
     chunk = batch_size * 32
     batches = []
     for i in range(0, len(order), chunk):
-        group = sorted(order[i:i + chunk], key=lambda j: len(encoded[j][0]))
+        group = sorted(order[i:i + chunk], key=lambda j: lengths[j])
         batches += [group[k:k + batch_size] for k in range(0, len(group), batch_size)]
     rng.shuffle(batches)
     return batches
-
-
-def _collate(encoded, idx: list[int], pad_id: int):
-    """Right-padded (B, T) ids and labels (-100 off the loss)."""
-    import torch
-
-    T = max(len(encoded[i][0]) for i in idx)
-    ids = torch.full((len(idx), T), pad_id, dtype=torch.long)
-    labels = torch.full((len(idx), T), -100, dtype=torch.long)
-    for r, i in enumerate(idx):
-        x, m = encoded[i]
-        ids[r, :len(x)] = torch.tensor(x)
-        labels[r, :len(x)] = torch.where(torch.tensor(m, dtype=torch.bool), torch.tensor(x), -100)
-    return ids, labels
 
 
 # ---------------------------------------------------------------- train
@@ -231,9 +229,11 @@ def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], An
 
     t0 = time.perf_counter()
     encoded = encode_conversations(tok, corpus.generate_corpus(args.steps * args.batch_size, seed=seed + 1))
-    batches = _batches(encoded, args.batch_size, random.Random(f"batches-{seed}"))[:args.steps]
-    log(f"data: {len(encoded)} conversations, {sum(len(e[0]) for e in encoded)} tokens "
-        f"({time.perf_counter() - t0:.1f}s)")
+    lengths = [len(ids) for ids, _ in encoded]
+    batches = _batches(lengths, args.batch_size, random.Random(f"batches-{seed}"))[:args.steps]
+    all_ids, all_labels = _pack(encoded, tok.pad_token_id)  # (N, T_max)
+    del encoded
+    log(f"data: {len(lengths)} conversations, {sum(lengths)} tokens ({time.perf_counter() - t0:.1f}s)")
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -243,7 +243,9 @@ def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], An
     losses: list[float] = []
     t0 = time.perf_counter()
     for step, idx in enumerate(batches):
-        ids, labels = _collate(encoded, idx, tok.pad_token_id)  # (B, T)
+        T = max(lengths[i] for i in idx)
+        ids = torch.from_numpy(all_ids[idx, :T]).long()  # (B, T)
+        labels = torch.from_numpy(all_labels[idx, :T]).long()  # (B, T)
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, args)
         logits = model(input_ids=ids).logits  # (B, T, V); right padding needs no mask under causal attention

@@ -98,8 +98,7 @@ CALCULATOR_TOOL: dict[str, Any] = {
     "function": {
         "name": "calculator",
         "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object",
-                       "properties": {"expression": {"type": "string", "description": "e.g. 12+7"}},
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                        "required": ["expression"]},
     },
 }
@@ -107,11 +106,11 @@ WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
-        "description": "Current weather in a city.",
+        "description": "Weather in a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-_TOOLSETS = ((CALCULATOR_TOOL,), (CALCULATOR_TOOL,), (CALCULATOR_TOOL, WEATHER_TOOL), (WEATHER_TOOL, CALCULATOR_TOOL))
+_TOOLSETS = ((CALCULATOR_TOOL,), (CALCULATOR_TOOL,), (CALCULATOR_TOOL,), (CALCULATOR_TOOL, WEATHER_TOOL))
 
 
 # ---------------------------------------------------------------- styles
@@ -369,7 +368,7 @@ def _chitchat(rng: random.Random) -> dict[str, Any]:
     return {"messages": msgs}
 
 
-_KINDS = ((_plain, 30), (_instructed, 38), (_corrected, 14), (_tool_use, 11), (_chitchat, 7))
+_KINDS = ((_plain, 32), (_instructed, 40), (_corrected, 14), (_tool_use, 8), (_chitchat, 6))
 
 
 def generate_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:

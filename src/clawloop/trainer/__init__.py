@@ -17,9 +17,9 @@ __all__ = ["Trainer", "TrainerLoop", "attach_trainer", "judge_name_of", "teacher
 
 def judge_name_of(cfg: Any) -> str:
     """The name the judge loop writes its verdicts under (what the trainer reads)."""
-    from clawloop.judge import make_judge_name
+    from clawloop.judge import judge_name
 
-    return make_judge_name(cfg)
+    return judge_name(cfg)
 
 
 def model_path_of(cfg: Any) -> str:

@@ -1,0 +1,166 @@
+"""`clawloop judge-eval`: score a judge on a labelled JSONL set.
+
+    clawloop judge-eval                                  # offline judge, packaged set
+    clawloop judge-eval --data F.jsonl --judge http://127.0.0.1:8001/v1 --judge-model qwen
+    clawloop judge-eval --judge self --model-path ./my-model
+
+Each line: `{"prompt": str | messages (optional), "response": str,
+"next_state": {"role": "user"|"tool", "content": str}, "label": 1|-1|0}`
+(other keys, like `note`, are ignored). Prints a confusion matrix (rows: label,
+columns: verdict; `fail` = the judge could not answer) and, as the last line,
+`accuracy=0.XXX n=N`. `--judge` takes offline | self | frozen | url | a URL;
+every other config flag (`--judge-model`, `--majority-vote-n`, ...) applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections import Counter
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from clawloop.config import ConfigError, add_config_arguments, load_config
+from clawloop.judge.base import Judge, JudgeUnavailable
+from clawloop.records import Turn
+
+LABELS = (1, 0, -1)
+EVAL_RETRIES = 2
+
+
+def default_data_path() -> Any:
+    return resources.files("clawloop").joinpath("data/judge_eval.jsonl")
+
+
+def load_eval_set(path: Any = None) -> list[dict[str, Any]]:
+    """The labelled examples of `path` (default: the packaged set), validated."""
+    src = default_data_path() if path is None else Path(path)
+    rows = []
+    with src.open("r", encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                ex = json.loads(line)
+            except ValueError as e:
+                raise ConfigError(f"{src}:{n}: not JSON: {e}") from None
+            ns = ex.get("next_state")
+            if isinstance(ns, str):
+                ns = ex["next_state"] = {"role": "user", "content": ns}
+            if ex.get("label") not in LABELS or not isinstance(ns, dict) or ns.get("role") not in ("user", "tool"):
+                raise ConfigError(f"{src}:{n}: needs label in 1/0/-1 and next_state {{role: user|tool, content}}")
+            rows.append(ex)
+    return rows
+
+
+def example_turn(ex: dict[str, Any], i: int) -> Turn:
+    prompt = ex.get("prompt")
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages = list(prompt or [])
+    return Turn(session_id="judge-eval", index=i, id=i, messages=messages, response_text=ex.get("response") or "",
+                next_state=dict(ex["next_state"]))
+
+
+async def evaluate(judge: Judge, rows: list[dict[str, Any]], *, concurrency: int = 4,
+                   timeout_s: float = 60.0) -> list[int | None]:
+    """The judge's score for each example (None when it failed every try)."""
+    sem = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(i: int, ex: dict[str, Any]) -> int | None:
+        async with sem:
+            for _ in range(1 + EVAL_RETRIES):
+                try:
+                    j = await asyncio.wait_for(judge.judge(example_turn(ex, i)), timeout_s)
+                    return j.score
+                except (JudgeUnavailable, asyncio.TimeoutError) as e:
+                    logging.getLogger(__name__).warning("example %d: %s", i, e or "timeout")
+            return None
+
+    return list(await asyncio.gather(*(one(i, ex) for i, ex in enumerate(rows))))
+
+
+def confusion_report(labels: list[int], preds: list[int | None]) -> tuple[str, float]:
+    cols: list[int | None] = [*LABELS, None]
+    m = Counter(zip(labels, preds))
+    head = "label\\judge " + "".join(f"{('fail' if c is None else f'{c:+d}'):>7}" for c in cols) + "    total"
+    lines = [head]
+    for lab in LABELS:
+        row = [m[(lab, c)] for c in cols]
+        lines.append(f"{lab:+d}{'':10}" + "".join(f"{v:>7}" for v in row) + f"{sum(row):>9}")
+    correct = sum(m[(lab, lab)] for lab in LABELS)
+    acc = correct / len(labels) if labels else 0.0
+    return "\n".join(lines), acc
+
+
+def _split_judge_flag(argv: list[str]) -> list[str]:
+    """`--judge URL` -> `--judge-url URL` (the config's --judge takes a kind)."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        val = None
+        if a == "--judge" and i + 1 < len(argv):
+            val, i = argv[i + 1], i + 2
+        elif a.startswith("--judge="):
+            val, i = a.split("=", 1)[1], i + 1
+        else:
+            out.append(a)
+            i += 1
+            continue
+        if val.startswith(("http://", "https://")):
+            out += ["--judge-url", val]
+        else:
+            out += ["--judge", val]
+    return out
+
+
+def judge_eval_main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="clawloop judge-eval", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
+    p.add_argument("--data", default=None, help="Labelled JSONL (default: the packaged judge_eval.jsonl).")
+    p.add_argument("--show-errors", action="store_true", help="Print every misjudged example.")
+    add_config_arguments(p)
+    values = vars(p.parse_args(_split_judge_flag(argv)))
+    data, show = values.pop("data"), values.pop("show_errors")
+    cfg = load_config(values)
+    logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rows = load_eval_set(data)
+    return asyncio.run(_run(cfg, rows, show))
+
+
+async def _run(cfg: Any, rows: list[dict[str, Any]], show: bool) -> int:
+    from clawloop.judge.loop import make_judge
+
+    engine = None
+    if cfg.judge.kind == "self" and not cfg.judge.custom_rm_path:  # no served engine here: load the policy
+        from clawloop.engines import make_engine
+
+        engine = make_engine(cfg)
+        await engine.start()
+    judge = make_judge(cfg, engine)
+    try:
+        preds = await evaluate(judge, rows, concurrency=cfg.judge.num_workers * cfg.judge.majority_vote_n,
+                               timeout_s=cfg.judge.timeout_s)
+    finally:
+        await judge.close()
+        if engine is not None:
+            await engine.stop()
+    labels = [int(ex["label"]) for ex in rows]
+    if show:
+        for ex, lab, pred in zip(rows, labels, preds):
+            if lab != pred:
+                ns = ex["next_state"]
+                print(f"label={lab:+d} judge={'fail' if pred is None else f'{pred:+d}'} "
+                      f"{ns['role']}: {json.dumps(ns['content'], ensure_ascii=False)[:120]}")
+    table, acc = confusion_report(labels, preds)
+    print(f"judge={judge.name}")
+    print(table)
+    print(f"accuracy={acc:.3f} n={len(rows)}")
+    return 0

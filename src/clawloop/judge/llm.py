@@ -1,0 +1,192 @@
+"""The LLM judge: any OpenAI-compatible endpoint, or an engine in this process.
+
+Per turn it makes `votes` scoring calls (prompt: `prompts.score_messages`)
+and, with hints on, `votes` hint calls (`prompts.hint_messages`), all at
+once. Each scoring reply's verdict is its last `\\boxed{}`; the votes are
+combined by `voting.majority_vote`:
+
+    valid = votes that parsed (1, -1 or 0); the most common valid verdict wins
+    if it is not tied and has at least `threshold * len(valid)` votes; else 0.
+    No valid vote -> 0, and every vote counts as malformed.
+
+The hint is the longest `[HINT_START]...[HINT_END]` text over 10 characters
+among hint replies that end in `\\boxed{1}` (`voting.select_hint`).
+
+Failures: an HTTP error, a refused connection, or a reply that is not a chat
+completion raises `JudgeUnavailable`; the judge loop retries and, failing
+that, leaves the turn pending. A Judgement whose votes are all malformed is
+returned as is (score 0, malformed = N) and the loop treats it as garbage
+(pending, retried later), so a judge that only rambles never writes zeros.
+
+Backends:
+- `HTTPChatBackend(url, model, api_key)`: POST {url}/chat/completions (a
+  `/v1` is added when the URL has no path); with no model name, the first id
+  of GET /models is used.
+- `EngineChatBackend(engine)`: renders the messages with the engine's chat
+  template and samples in-process (`--judge self` on the served engine,
+  `--judge frozen` on a frozen copy of the base model that the judge owns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from clawloop.judge.base import JudgeUnavailable, response_of
+from clawloop.judge.prompts import hint_messages, score_messages
+from clawloop.judge.voting import majority_vote, parse_boxed, parse_hint, select_hint
+from clawloop.records import Judgement, Turn
+
+MAX_REPLY_TOKENS = 512
+"""Longest judge reply, in tokens (reasoning plus the boxed verdict)."""
+
+
+class ChatBackend(Protocol):
+    async def complete(self, messages: list[dict[str, Any]], *, temperature: float, max_tokens: int) -> str:
+        """The assistant text of one chat completion; raise JudgeUnavailable on failure."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def chat_completions_url(url: str) -> str:
+    """`http://h:p` -> `http://h:p/v1/chat/completions`; `.../v1` -> `.../v1/chat/completions`."""
+    u = url.rstrip("/")
+    if u.endswith("/chat/completions"):
+        return u
+    if not urlparse(u).path:
+        u += "/v1"
+    return u + "/chat/completions"
+
+
+class HTTPChatBackend:
+    """OpenAI-compatible chat completions over httpx (no client-side retries: the loop retries)."""
+
+    def __init__(self, url: str, model: str = "", api_key: str = "", timeout_s: float = 60.0):
+        import httpx
+
+        self.url = chat_completions_url(url)
+        self.model = model
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), headers=headers)
+        self._httpx = httpx
+
+    async def _resolve_model(self) -> str:
+        if self.model:
+            return self.model
+        models_url = self.url.removesuffix("/chat/completions") + "/models"
+        try:
+            r = await self._client.get(models_url)
+            r.raise_for_status()
+            self.model = str(r.json()["data"][0]["id"])
+        except (self._httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+            raise JudgeUnavailable(f"judge at {models_url}: no model name given and /models failed: {e}") from e
+        return self.model
+
+    async def complete(self, messages: list[dict[str, Any]], *, temperature: float, max_tokens: int) -> str:
+        body = {"model": await self._resolve_model(), "messages": messages, "temperature": temperature,
+                "max_tokens": max_tokens}
+        try:
+            r = await self._client.post(self.url, json=body)
+        except self._httpx.HTTPError as e:
+            raise JudgeUnavailable(f"judge at {self.url}: {type(e).__name__}: {e}") from e
+        if r.status_code >= 400:
+            raise JudgeUnavailable(f"judge at {self.url}: HTTP {r.status_code}: {r.text[:200]}")
+        try:
+            content = r.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise JudgeUnavailable(f"judge at {self.url}: not a chat completion: {r.text[:200]!r}") from e
+        return content if isinstance(content, str) else ""
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+class EngineChatBackend:
+    """Chat completions on a clawloop Engine, in-process (no HTTP)."""
+
+    def __init__(self, engine: Any, *, owns_engine: bool = False):
+        self.engine = engine
+        self.owns_engine = owns_engine
+        self._started = not owns_engine
+        self._lock = asyncio.Lock()
+
+    async def complete(self, messages: list[dict[str, Any]], *, temperature: float, max_tokens: int) -> str:
+        from clawloop.engines.base import GenerationRequest, SamplingParams
+
+        if not self._started:
+            async with self._lock:
+                if not self._started:
+                    await self.engine.start()
+                    self._started = True
+        tok = self.engine.tokenizer
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt_ids = list(tok.encode(text, add_special_tokens=False))
+        limit = getattr(self.engine, "max_model_len", None)
+        if limit is not None:
+            room = limit - len(prompt_ids) - 1
+            if room < min(8, max_tokens):
+                raise JudgeUnavailable(f"judge prompt of {len(prompt_ids)} tokens does not fit max_model_len={limit}")
+            max_tokens = min(max_tokens, room)
+        ids: list[int] = []
+        try:
+            async for ev in self.engine.generate(GenerationRequest(
+                    prompt_ids=prompt_ids, params=SamplingParams(temperature=temperature, max_tokens=max_tokens))):
+                if ev.token_id is not None:
+                    ids.append(ev.token_id)
+        except RuntimeError as e:  # engine stopped or a failed step
+            raise JudgeUnavailable(f"judge engine: {e}") from e
+        return tok.decode(ids, skip_special_tokens=True)
+
+    async def close(self) -> None:
+        if self.owns_engine and self._started:
+            await self.engine.stop()
+            self._started = False
+
+
+class LLMJudge:
+    """Majority-voted next-state judge over a chat backend; see the module docstring."""
+
+    def __init__(self, backend: ChatBackend, *, name: str, votes: int = 1, threshold: float = 0.5,
+                 temperature: float = 0.6, hints: bool = True, max_tokens: int = MAX_REPLY_TOKENS):
+        if votes < 1:
+            raise ValueError("votes must be >= 1")
+        self.backend = backend
+        self.name = name
+        self.votes = votes
+        self.threshold = threshold
+        self.temperature = temperature
+        self.hints = hints
+        self.max_tokens = max_tokens
+
+    async def judge(self, turn: Turn) -> Judgement:
+        t0 = time.perf_counter()
+        turn_id = turn.id if turn.id is not None else -1
+        if not turn.next_state:  # session closed after this turn: nothing to read
+            return Judgement(turn_id=turn_id, score=0, votes=[], judge=self.name, latency_s=0.0)
+        response = response_of(turn)
+        prompts = [score_messages(turn.messages, response, turn.next_state)] * self.votes
+        if self.hints:
+            prompts += [hint_messages(turn.messages, response, turn.next_state)] * self.votes
+        replies = await asyncio.gather(
+            *(self.backend.complete(p, temperature=self.temperature, max_tokens=self.max_tokens) for p in prompts),
+            return_exceptions=True)
+        for r in replies:
+            if isinstance(r, BaseException):
+                if isinstance(r, JudgeUnavailable):
+                    raise r
+                raise JudgeUnavailable(f"{type(r).__name__}: {r}") from r
+        votes = [parse_boxed(r) for r in replies[: self.votes]]
+        hint = select_hint([(parse_boxed(r), parse_hint(r)) for r in replies[self.votes:]]) if self.hints else None
+        return Judgement(turn_id=turn_id, score=majority_vote(votes, self.threshold), votes=votes, hint=hint,
+                         judge=self.name, latency_s=time.perf_counter() - t0,
+                         malformed=sum(v is None for v in votes))
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+
+def url_judge_name(url: str, model: str) -> str:
+    return f"url:{model or urlparse(url).netloc or url}"

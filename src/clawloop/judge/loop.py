@@ -1,0 +1,402 @@
+"""The judge loop: turns whose next state arrived -> a judge -> Judgements in the store.
+
+    loop = JudgeLoop(store, make_judge(cfg, engine), cfg.judge)
+    await loop.run(stop)            # `clawloop up` runs this beside the gateway
+
+One feeder polls the store (`Store.turns_to_judge`, oldest first) into a
+bounded queue; `num_workers` workers judge from it. The store is the queue of
+record: nothing lives only in memory, so a restart picks up every turn not
+yet judged, and a judgement is written with insert-or-ignore per (turn, judge
+name), so each turn is judged exactly once per judge configuration.
+
+Failures never drop a turn. Each attempt gets `timeout_s`; a failed attempt
+(an exception, a timeout, or garbage: every vote malformed) is retried up to
+`max_retries` times with exponential backoff; after that the turn cools down
+(again with exponential backoff, per turn) and is fetched again later.
+Meanwhile the feeder keeps feeding newer turns, and serving never waits on
+any of this: store reads run in a thread, writes go to the store's writer.
+
+Metrics (`stats()`, namespaced `judge/`): judged, pending, failures,
+score histogram, latency, malformed-vote rate, vote agreement, queue depth,
+oldest pending age. When the last `COLLAPSE_WINDOW` scores are more than
+`COLLAPSE_ZERO_FRACTION` zeros, or all the same, `judge/score_collapse` is 1
+and a warning is logged: a constant score is a dead learning signal.
+
+`run_judge_service(cfg)` is `clawloop judge --data-dir D`: the same loop on
+its own, for a judge on another machine than the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any, Callable
+
+from clawloop.config import ConfigError
+from clawloop.judge.base import Judge, JudgeUnavailable
+from clawloop.judge.voting import vote_agreement
+from clawloop.records import Judgement, Turn
+
+log = logging.getLogger(__name__)
+
+COLLAPSE_WINDOW = 50
+"""Scores looked at for the collapse warning."""
+COLLAPSE_ZERO_FRACTION = 0.9
+"""More zeros than this fraction of the window is a collapse."""
+RETRY_BASE_S = 0.5
+"""First backoff between retries of one attempt; doubles each retry."""
+RETRY_MAX_S = 30.0
+COOLDOWN_BASE_S = 5.0
+"""First wait before a turn whose attempt failed is fetched again; doubles per failed attempt."""
+COOLDOWN_MAX_S = 300.0
+PENDING_REFRESH_S = 5.0
+"""How often the pending count is re-read from the store."""
+
+
+def _judge_section(cfg: Any) -> Any:
+    return getattr(cfg, "judge", cfg)
+
+
+def judge_name(cfg: Any) -> str:
+    """The store key of the judge `cfg` configures (what the trainer reads judgements by)."""
+    j = _judge_section(cfg)
+    if j.custom_rm_path:
+        return f"custom:{j.custom_rm_path}"
+    if j.kind == "url":
+        from clawloop.judge.llm import url_judge_name
+
+        return url_judge_name(j.url, j.model)
+    return j.kind
+
+
+def make_judge(cfg: Any, engine: Any = None) -> Judge:
+    """The judge `cfg` asks for. `engine` is the served engine (`--judge self`)."""
+    j = _judge_section(cfg)
+    if j.custom_rm_path:
+        from clawloop.judge.custom import CustomJudge
+
+        return CustomJudge(j.custom_rm_path)
+    if j.kind == "offline":
+        from clawloop.judge.offline import OfflineJudge
+
+        return OfflineJudge(hints=j.hints)
+    if j.kind == "none":
+        raise ConfigError("judge.kind: none configures no judge")
+    from clawloop.judge.llm import EngineChatBackend, HTTPChatBackend, LLMJudge
+
+    backend: Any
+    if j.kind == "url":
+        if not j.url:
+            raise ConfigError("judge.url: --judge url needs --judge-url")
+        backend = HTTPChatBackend(j.url, j.model, j.api_key, j.timeout_s)
+    elif j.kind == "self":
+        if engine is None:
+            raise ConfigError("judge.kind: --judge self needs the served engine (run it in `clawloop up`)")
+        backend = EngineChatBackend(engine)
+    elif j.kind == "frozen":
+        if not hasattr(cfg, "model"):
+            raise ConfigError("judge.kind: --judge frozen needs the full config (the base model path)")
+        backend = EngineChatBackend(_frozen_engine(cfg), owns_engine=True)
+    else:
+        raise ConfigError(f"judge.kind: unknown judge {j.kind!r}")
+    return LLMJudge(backend, name=judge_name(cfg), votes=j.majority_vote_n, threshold=j.majority_vote_threshold,
+                    temperature=j.temperature, hints=j.hints)
+
+
+def _frozen_engine(cfg: Any) -> Any:
+    """A frozen HFEngine: `--judge-model` when it is a local folder, else the base model."""
+    import copy
+
+    from clawloop.engines.hf import HFEngine
+
+    c = copy.deepcopy(cfg)
+    if cfg.judge.model and Path(cfg.judge.model).is_dir():
+        c.model.path = cfg.judge.model
+    return HFEngine.from_config(c)
+
+
+class JudgeLoop:
+    """Feeder + K workers between the store and a judge; see the module docstring."""
+
+    def __init__(self, store: Any, judge: Judge, cfg: Any, *, retry_base_s: float = RETRY_BASE_S,
+                 cooldown_base_s: float = COOLDOWN_BASE_S, collapse_window: int = COLLAPSE_WINDOW):
+        self.store = store
+        self.judge = judge
+        self.cfg = _judge_section(cfg)
+        self.name = judge.name
+        self.retry_base_s = retry_base_s
+        self.cooldown_base_s = cooldown_base_s
+        self._claimed: dict[int, float] = {}
+        """Turn id -> time its next state arrived, for turns queued or being judged."""
+        self._cooling: dict[int, tuple[float, int, float]] = {}
+        """Turn id -> (eligible again at, failed attempts, arrival time)."""
+        self._recent: set[int] = set()
+        """Turns saved since the feeder's last store read began (that read may predate the commit)."""
+        self._queue: asyncio.Queue[Turn] | None = None
+        self._wake: asyncio.Event | None = None
+        self._window: deque[int] = deque(maxlen=collapse_window)
+        self._collapse_warned_at = 0
+        # counters
+        self.judged = 0
+        self.duplicates = 0
+        self.failures = 0
+        self.garbage = 0
+        self.call_errors = 0
+        self.hints = 0
+        self.scores: Counter[int] = Counter()
+        self.votes_total = 0
+        self.votes_malformed = 0
+        self.agreement_sum = 0.0
+        self.agreement_n = 0
+        self.latency_sum = 0.0
+        self.last_latency = 0.0
+        self.pending = 0
+        self.collapsed = False
+        self.inflight = 0
+
+    # -- the loop ------------------------------------------------------------
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Judge until `stop` is set (or the task is cancelled). Unfinished turns stay pending."""
+        stop = stop or asyncio.Event()
+        self._queue = asyncio.Queue(maxsize=max(1, self.cfg.queue_size))
+        self._wake = asyncio.Event()
+        workers = [asyncio.create_task(self._worker(i), name=f"clawloop-judge-{i}")
+                   for i in range(self.cfg.num_workers)]
+        log.info("judge loop: judge=%s workers=%d queue=%d", self.name, self.cfg.num_workers, self.cfg.queue_size)
+        last_pending = 0.0
+        try:
+            while not stop.is_set():
+                await self._feed()
+                now = time.monotonic()
+                if now - last_pending >= PENDING_REFRESH_S:
+                    last_pending = now
+                    self.pending = await asyncio.to_thread(self.store.count_pending_judgement, self.name)
+                self._wake.clear()
+                waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+                try:
+                    await asyncio.wait(waiters, timeout=self.cfg.poll_interval_s,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waiters:
+                        w.cancel()
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            self._claimed.clear()
+
+    async def _feed(self) -> None:
+        assert self._queue is not None
+        free = self._queue.maxsize - self._queue.qsize()
+        if free <= 0:
+            return
+        now = time.monotonic()
+        for tid in [t for t, (at, _, _) in self._cooling.items() if at <= now]:
+            del self._cooling[tid]
+        saved_before = set(self._recent)
+        exclude = frozenset(self._claimed) | frozenset(self._cooling) | frozenset(saved_before)
+        turns = await asyncio.to_thread(self.store.turns_to_judge, self.name, free, exclude)
+        self._recent -= saved_before  # committed before this read began: the read excluded them
+        for t in turns:
+            if t.id in self._claimed or t.id in self._cooling or t.id in self._recent:
+                continue
+            self._claimed[t.id] = t.next_state_at or t.created_at
+            self._queue.put_nowait(t)
+
+    async def _worker(self, i: int) -> None:
+        assert self._queue is not None and self._wake is not None
+        while True:
+            turn = await self._queue.get()
+            self.inflight += 1
+            try:
+                j = await self.judge_with_retries(turn)
+                if j is None:
+                    self._cool_down(turn)
+                else:
+                    await self._save(j)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in a judge or the store must not kill the worker
+                log.exception("judge worker %d: turn %s failed", i, turn.id)
+                self._cool_down(turn)
+            finally:
+                self.inflight -= 1
+                self._claimed.pop(turn.id, None)
+                self._queue.task_done()
+                self._wake.set()
+
+    async def judge_with_retries(self, turn: Turn) -> Judgement | None:
+        """One attempt: up to 1 + max_retries calls with backoff. None when all failed."""
+        delay = self.retry_base_s
+        for attempt in range(1 + max(0, self.cfg.max_retries)):
+            if attempt:
+                await asyncio.sleep(min(delay, RETRY_MAX_S))
+                delay *= 2
+            try:
+                j = await asyncio.wait_for(self.judge.judge(turn), timeout=self.cfg.timeout_s)
+            except asyncio.TimeoutError:
+                self.call_errors += 1
+                log.warning("judge %s: turn %s timed out after %.1fs", self.name, turn.id, self.cfg.timeout_s)
+                continue
+            except JudgeUnavailable as e:
+                self.call_errors += 1
+                log.warning("judge %s: turn %s: %s", self.name, turn.id, e)
+                continue
+            if j.votes and all(v is None for v in j.votes):
+                self.call_errors += 1
+                self.garbage += 1
+                self.votes_total += len(j.votes)
+                self.votes_malformed += len(j.votes)
+                log.warning("judge %s: turn %s: no valid vote in %d replies (malformed)", self.name, turn.id,
+                            len(j.votes))
+                continue
+            j.turn_id = turn.id if turn.id is not None else -1
+            j.judge = self.name
+            return j
+        return None
+
+    def _cool_down(self, turn: Turn) -> None:
+        self.failures += 1
+        _, n, arrived = self._cooling.get(turn.id, (0.0, 0, turn.next_state_at or turn.created_at))
+        wait = min(COOLDOWN_MAX_S, self.cooldown_base_s * (2 ** n))
+        self._cooling[turn.id] = (time.monotonic() + wait, n + 1, arrived)
+        log.warning("judge %s: turn %s stays pending (failed attempt %d); retrying in %.0fs",
+                    self.name, turn.id, n + 1, wait)
+
+    async def _save(self, j: Judgement) -> None:
+        # Shielded: cancelling the store's future mid-write would break its writer thread.
+        inserted = await asyncio.shield(asyncio.wrap_future(self.store.save_judgement(j)))
+        self._recent.add(j.turn_id)
+        self._cooling.pop(j.turn_id, None)
+        if not inserted:
+            self.duplicates += 1  # another judge process got there first
+            return
+        self.judged += 1
+        self.pending = max(0, self.pending - 1)
+        self.scores[j.score] += 1
+        self.hints += j.hint is not None
+        self.latency_sum += j.latency_s
+        self.last_latency = j.latency_s
+        self.votes_total += len(j.votes)
+        self.votes_malformed += j.malformed
+        agree = vote_agreement(j.votes, j.score)
+        if agree is not None:
+            self.agreement_sum += agree
+            self.agreement_n += 1
+        self._observe_score(j.score)
+
+    def _observe_score(self, score: int) -> None:
+        self._window.append(score)
+        n = len(self._window)
+        if n < (self._window.maxlen or 0):
+            return
+        zeros = sum(s == 0 for s in self._window) / n
+        constant = len(set(self._window)) == 1
+        self.collapsed = zeros > COLLAPSE_ZERO_FRACTION or constant
+        if self.collapsed and self.judged - self._collapse_warned_at >= n:
+            self._collapse_warned_at = self.judged
+            what = f"{zeros:.0%} zeros" if zeros > COLLAPSE_ZERO_FRACTION else f"every score {self._window[-1]:+d}"
+            log.warning("JUDGE SCORES COLLAPSED: %s over the last %d judgements (judge=%s). There is no learning "
+                        "signal. Check that next states carry real feedback (user replies, tool results), or use "
+                        "more majority votes / another judge.", what, n, self.name)
+
+    # -- metrics -------------------------------------------------------------
+    def oldest_pending_age_s(self) -> float:
+        known = list(self._claimed.values()) + [a for _, _, a in self._cooling.values()]
+        return max(0.0, time.time() - min(known)) if known else 0.0
+
+    def stats(self) -> dict[str, float]:
+        n = max(1, self.judged)
+        window = list(self._window)
+        return {
+            "judge/judged": float(self.judged),
+            "judge/pending": float(self.pending),
+            "judge/failures": float(self.failures),
+            "judge/call_errors": float(self.call_errors),
+            "judge/garbage_replies": float(self.garbage),
+            "judge/cooling": float(len(self._cooling)),
+            "judge/inflight": float(self.inflight),
+            "judge/queue_depth": float(self._queue.qsize() if self._queue is not None else 0),
+            "judge/oldest_pending_age_s": self.oldest_pending_age_s(),
+            "judge/score_pos": float(self.scores[1]),
+            "judge/score_zero": float(self.scores[0]),
+            "judge/score_neg": float(self.scores[-1]),
+            "judge/hints": float(self.hints),
+            "judge/latency_mean_s": self.latency_sum / n,
+            "judge/latency_last_s": self.last_latency,
+            "judge/malformed_vote_rate": self.votes_malformed / max(1, self.votes_total),
+            "judge/vote_agreement": self.agreement_sum / max(1, self.agreement_n),
+            "judge/window_zero_fraction": (sum(s == 0 for s in window) / len(window)) if window else 0.0,
+            "judge/score_collapse": float(self.collapsed),
+        }
+
+
+# -- wiring ---------------------------------------------------------------------
+
+
+def attach_judge(cfg: Any, engine: Any, store: Any, parts: dict[str, Any],
+                 stats: list[Callable[[], dict[str, float]]], background: list[Callable[[], Any]]) -> JudgeLoop:
+    """`clawloop up`: build the judge and its loop, register its stats and background task."""
+    judge = make_judge(cfg, engine)
+    loop = JudgeLoop(store, judge, cfg.judge)
+    parts["judge"] = loop
+    stats.append(loop.stats)
+
+    async def run_judge() -> None:
+        try:
+            await loop.run()
+        finally:
+            await judge.close()
+
+    background.append(run_judge)
+    return loop
+
+
+async def run_judge_service(cfg: Any, stop: asyncio.Event | None = None) -> None:
+    """`clawloop judge --data-dir D`: the judge loop alone on D's store, until SIGINT/SIGTERM or `stop`."""
+    from clawloop.runtime import store_path
+    from clawloop.store import Store
+
+    path = store_path(cfg)
+    if not path.exists():
+        raise ConfigError(f"data_dir: no store at {path} (start `clawloop up` or `clawloop serve` there first)")
+    stop = stop or asyncio.Event()
+    aloop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            aloop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+            pass
+    store = Store(path)
+    judge = make_judge(cfg)
+    loop = JudgeLoop(store, judge, cfg.judge)
+    print(f"clawloop judge: judge={loop.name} store={path} workers={cfg.judge.num_workers}", flush=True)
+    reporter = asyncio.create_task(_report(loop, stop))
+    try:
+        await loop.run(stop)
+    finally:
+        reporter.cancel()
+        await judge.close()
+        await asyncio.to_thread(store.close)
+        for sig in installed:
+            aloop.remove_signal_handler(sig)
+        s = loop.stats()
+        print(f"clawloop judge: stopped; judged={s['judge/judged']:.0f} pending={s['judge/pending']:.0f} "
+              f"failures={s['judge/failures']:.0f}", flush=True)
+
+
+async def _report(loop: JudgeLoop, stop: asyncio.Event, every_s: float = 30.0) -> None:
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=every_s)
+        except asyncio.TimeoutError:
+            s = loop.stats()
+            log.info("judge: judged=%d pending=%d failures=%d +1/0/-1=%d/%d/%d latency=%.2fs", s["judge/judged"],
+                     s["judge/pending"], s["judge/failures"], s["judge/score_pos"], s["judge/score_zero"],
+                     s["judge/score_neg"], s["judge/latency_mean_s"])

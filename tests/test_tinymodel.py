@@ -1,0 +1,249 @@
+"""The embedded tiny model's parts: corpus, tokenizer and chat template, and the
+build (a randomly initialised model, and a few-step training smoke run)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import Counter
+
+import pytest
+
+from clawloop.tinymodel import corpus
+from clawloop.tinymodel.build import (TinyModelArgs, build_random_model, build_tiny_model, encode_conversations,
+                                      load_tokenizer, main)
+from clawloop.tinymodel.tokenizer import ADDED_TOKENS, IM_END, IM_START, PAD, render_chat
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def saved_dir(tmp_path_factory):
+    return build_random_model(tmp_path_factory.mktemp("tiny") / "random", layers=1, hidden=32, seed=0)
+
+
+# ---------------------------------------------------------------- styles
+
+
+@pytest.mark.parametrize("answer", ["19", "0", "198", "Paris", "cold", "Earth", "8"])
+def test_render_answer_fits_exactly_its_style(answer):
+    for style in corpus.STYLES:
+        text = corpus.render_answer(answer, style)
+        assert [s for s in corpus.STYLES if corpus.fits_style(text, s)] == [style], text
+        assert corpus.extract_answer(text) == answer.lower()
+
+
+def test_render_answer_examples():
+    assert [corpus.render_answer("19", s) for s in corpus.STYLES] == [
+        "19", "The answer is 19.", "The answer is 19!", "THE ANSWER IS 19.", "the answer is 19."]
+    assert corpus.render_answer("Paris", "upper") == "THE ANSWER IS PARIS."
+    assert corpus.render_answer("Paris", "lower") == "the answer is paris."
+
+
+@pytest.mark.parametrize("text", ["", "The answer is 19", "I think it is 19, maybe?", "the answer"])
+def test_texts_that_fit_no_style(text):
+    assert corpus.classify_style(text) is None
+
+
+def test_instructions_and_corrections():
+    rng = random.Random(0)
+    assert corpus.style_instruction("bare") == "Answer with just the number."
+    assert corpus.correction_for("lower") == "all lower case please"
+    for s in corpus.STYLES:
+        assert corpus.style_instruction(s, rng) and corpus.correction_for(s, rng)
+        assert len({corpus.style_instruction(s, random.Random(i)) for i in range(50)}) >= 3
+    with pytest.raises((KeyError, ValueError)):
+        corpus.style_instruction("shouting")
+
+
+# ---------------------------------------------------------------- corpus
+
+
+def test_corpus_is_deterministic_by_seed():
+    assert corpus.generate_corpus(200, seed=3) == corpus.generate_corpus(200, seed=3)
+    assert corpus.generate_corpus(200, seed=3) != corpus.generate_corpus(200, seed=4)
+
+
+def test_corpus_has_every_kind_of_conversation():
+    items = corpus.generate_corpus(2000, seed=0)
+    texts = [render_chat(c["messages"], c.get("tools")) for c in items]
+    assert any("<tool_call>" in t and "<|im_start|>tool\n" in t for t in texts)
+    assert any("\n\nHint: " in t for t in texts)
+    assert any(c["messages"][0]["role"] == "system" for c in items)
+    assert any(m["content"] in ("You're welcome!", "Happy to help!", "Glad I could help!")
+               for c in items for m in c["messages"] if m["role"] == "assistant")
+    skills = Counter(corpus.sample_question(random.Random(i))["skill"] for i in range(3000))
+    assert set(skills) == {"add", "sub", "fact"} and skills["add"] > skills["sub"]
+    for c in items:  # every conversation ends with an assistant answer
+        assert c["messages"][-1]["role"] == "assistant" and c["messages"][-1]["content"]
+
+
+def test_unprompted_answers_are_uniform_over_styles():
+    rng = random.Random(0)
+    counts = Counter()
+    for _ in range(3000):
+        for m in corpus._plain(rng)["messages"]:
+            if m["role"] == "assistant":
+                counts[corpus.classify_style(m["content"])] += 1
+    total = sum(counts.values())
+    assert set(counts) == set(corpus.STYLES)
+    assert all(0.16 < counts[s] / total < 0.24 for s in corpus.STYLES), counts
+
+
+def test_instructed_answers_follow_the_instruction():
+    """In (b) conversations, the asked style is the one answered (checked via the instruction text)."""
+    by_text = {i: s for s, opts in corpus._INSTRUCTIONS.items() for i in opts}
+    by_text.update({c: s for s, opts in corpus._CORRECTIONS.items() for c in opts})
+    rng = random.Random(1)
+    for _ in range(300):
+        msgs = corpus._instructed(rng)["messages"]
+        prompt = " ".join(m["content"] for m in msgs if m["role"] != "assistant")
+        asked = {s for t, s in by_text.items() if t.lower() in prompt.lower()}
+        assert len(asked) == 1, prompt
+        assert corpus.fits_style(msgs[-1]["content"], asked.pop())
+
+
+def test_heldout_questions_are_disjoint_from_the_corpus():
+    held = corpus.heldout_questions(400, seed=0)
+    assert held == corpus.heldout_questions(400, seed=0)
+    arith = [q for q in held if q["skill"] != "fact"]
+    assert arith and all(corpus.is_heldout(q["question"]) for q in arith)
+    for q in held:
+        if q["skill"] == "add":
+            a, b = map(int, re.findall(r"\d+", q["question"]))
+            assert int(q["answer"]) == a + b
+    seen = set()
+    for c in corpus.generate_corpus(3000, seed=0):
+        for m in c["messages"]:
+            if m["role"] == "user":
+                seen.add(m["content"])
+                assert not corpus.is_heldout(m["content"]), m["content"]
+            for call in m.get("tool_calls") or []:
+                assert not corpus.is_heldout(call["function"]["arguments"]["expression"])
+    assert not {q["question"] for q in arith} & seen
+    facts = dict(corpus.FACTS)
+    assert 40 <= len(facts) and all(facts[q["question"]] == q["answer"] for q in held if q["skill"] == "fact")
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def test_special_ids(tok):
+    assert tok.convert_tokens_to_ids([PAD, IM_START, IM_END]) == [0, 1, 2]
+    assert tok.eos_token == IM_END and tok.pad_token == PAD
+    assert set(tok.all_special_tokens) == {PAD, IM_START, IM_END}
+    assert 1000 <= len(tok) <= 2100
+    for t in ADDED_TOKENS:  # one token each, not special, so it survives skip_special_tokens
+        ids = tok.encode(t, add_special_tokens=False)
+        assert len(ids) == 1 and tok.decode(ids, skip_special_tokens=True) == t
+
+
+@pytest.mark.parametrize("text", ["What is 12+7?", "  two  spaces\tand\ttabs\n\nnew lines ",
+                                  "Ünïcode café 😀 — ok", "<tool_call>\n{\"name\": \"x\"}\n</tool_call>", ""])
+def test_round_trip(tok, text):
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_digits_are_split(tok):
+    pieces = tok.convert_ids_to_tokens(tok.encode("What is 1234+56? 9001", add_special_tokens=False))
+    digits = [p for p in pieces if any(c.isdigit() for c in p)]
+    assert digits == list("1234") + list("56") + list("9001")
+
+
+def test_chat_template_renders_every_role(tok):
+    tools = [corpus.CALCULATOR_TOOL]
+    msgs = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "12+7?"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "12+7"}}},
+            {"id": "c2", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1+1"}'}},
+        ]},
+        {"role": "tool", "tool_call_id": "c1", "content": "19"},
+        {"role": "assistant", "content": "The answer is 19."},
+        {"role": "system", "content": "Later system note."},
+        {"role": "user", "content": "Thanks!"},
+    ]
+    text = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert text == render_chat(msgs, tools, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+    assert "\n" + json.dumps(corpus.CALCULATOR_TOOL) + "\n</tools>" in text
+    assert "<|im_start|>user\nWhat is 12+7?<|im_end|>\n" in text
+    assert ("<|im_start|>assistant\n<tool_call>\n"
+            '{"name": "calculator", "arguments": {"expression": "12+7"}}\n</tool_call>\n<tool_call>\n'
+            '{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call><|im_end|>\n') in text
+    assert "<|im_start|>tool\n19<|im_end|>\n<|im_start|>assistant\nThe answer is 19.<|im_end|>\n" in text
+    assert "<|im_start|>system\nLater system note.<|im_end|>\n" in text
+    assert text.endswith("<|im_start|>user\nThanks!<|im_end|>\n<|im_start|>assistant\n")
+    assert text.count("<|im_start|>system") == 2
+
+
+def test_chat_template_without_tools_or_system(tok):
+    msgs = [{"role": "user", "content": "Hi!"}]
+    assert tok.apply_chat_template(msgs, tokenize=False) == "<|im_start|>user\nHi!<|im_end|>\n"
+    only_tools = tok.apply_chat_template(msgs, tools=[corpus.CALCULATOR_TOOL], tokenize=False)
+    assert only_tools.startswith("<|im_start|>system\n# Tools\n") and only_tools.endswith("Hi!<|im_end|>\n")
+    assert render_chat([{"role": "system", "content": "S"}] + msgs) == \
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
+
+
+def test_loss_mask_covers_assistant_turns_only(tok):
+    conv = {"messages": [{"role": "user", "content": "What is 2+30?"},
+                         {"role": "assistant", "content": "32"},
+                         {"role": "user", "content": "please answer in a full sentence"},
+                         {"role": "assistant", "content": "The answer is 32."}]}
+    [(ids, mask)] = encode_conversations(tok, [conv])
+    assert ids == tok.encode(render_chat(conv["messages"]), add_special_tokens=False)
+    trained = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert trained == "32<|im_end|>The answer is 32.<|im_end|>"
+
+
+# ---------------------------------------------------------------- build
+
+
+def test_random_model_loads_and_generates(saved_dir, tok):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(saved_dir)
+    model = AutoModelForCausalLM.from_pretrained(saved_dir)
+    assert model.config.model_type == "qwen2" and model.config.tie_word_embeddings
+    assert model.config.eos_token_id == 2 and model.config.vocab_size == len(loaded)
+    # transformers 5 loads qwen2 tokenizers through Qwen2Tokenizer: it must tokenize exactly as trained
+    texts = [render_chat(c["messages"], c.get("tools")) for c in corpus.generate_corpus(50, seed=9)]
+    texts.append("Ünïcode e\u0301 (paren) it's 3.14\n\n\n  x")
+    for t in texts:
+        assert loaded.encode(t, add_special_tokens=False) == tok.encode(t, add_special_tokens=False)
+    assert loaded.chat_template == tok.chat_template
+    enc = loaded.apply_chat_template([{"role": "user", "content": "What is 12+7?"}], add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)
+    out = model.generate(**enc, max_new_tokens=4, do_sample=False, pad_token_id=loaded.pad_token_id)
+    assert out.shape[1] > enc["input_ids"].shape[1]
+    assert torch.isfinite(model(**enc).logits).all()
+    assert json.loads((saved_dir / "build_info.json").read_text())["name"] == "random"
+
+
+def test_random_model_is_seeded(saved_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    again = build_random_model(tmp_path / "again", layers=1, hidden=32, seed=0)
+    a, b = load_file(saved_dir / "model.safetensors"), load_file(again / "model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+def test_build_smoke_and_if_missing(tmp_path):
+    """A few training steps of a 1-layer model run the whole build: data, train, evaluate, atomic save."""
+    import math
+
+    args = TinyModelArgs(layers=1, hidden=32, intermediate=64, steps=3, batch_size=8, warmup=1, eval_questions=10)
+    out = build_tiny_model(tmp_path / "tiny", seed=0, log=lambda s: None, threads=1, args=args)
+    info = json.loads((out / "build_info.json").read_text())
+    assert info["steps"] == 3 and math.isfinite(info["final_loss"]) and info["params"] > 0
+    assert {"answer/add", "style/hint", "unprompted/bare", "tool_call"} <= set(info["accuracy"])
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left behind
+    assert main(["--out", str(out), "--if-missing"]) == 0
+    assert build_tiny_model(out, log=lambda s: None) == out  # cached: returns at once
