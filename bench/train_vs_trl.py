@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     n_steps = 1 + a.steps  # warm-up + timed
     flat = make_questions(a.reps * len(variants) * n_steps * a.prompts, a.seed)
 
+    load_before = os.getloadavg()[0]
     results: dict[str, dict[str, Timing]] = {v: {s: Timing() for s in SIDES} for v in variants}
     block = 0
     for v in variants:
@@ -337,8 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {v:<4} rep {rep} {side:<8} s/step {statistics.median(t.step_s):.3f}  "
                       f"tokens/step {sum(t.tokens) / len(t.tokens):.1f}", flush=True)
 
+    load_after = os.getloadavg()[0]
     rows = []
-    print(f"\nGRPO step on CPU ({a.threads} threads): {a.prompts} prompts x group {a.group}, "
+    print(f"\nGRPO step on CPU ({a.threads} threads, load average {load_before:.1f} before, {load_after:.1f} after): {a.prompts} prompts x group {a.group}, "
           f"<= {a.max_tokens} completion tokens, {a.steps} timed steps x {a.reps} reps per side; model {model}")
     print(f"{'variant':<8} {'side':<9} {'s/step p50':>10} {'s/step mean':>11} {'gen s p50':>9} "
           f"{'tok/step':>8} {'tok/s':>8} {'reward':>7}")
@@ -366,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(json.dumps({"bench": "train_vs_trl", "model": model, "trl": trl.__version__,
                       "transformers": transformers.__version__, "torch": torch.__version__,
-                      "threads": a.threads, "prompts": a.prompts, "group": a.group, "max_tokens": a.max_tokens,
+                      "threads": a.threads, "cpus": os.cpu_count(),
+                      "loadavg_1m": [round(load_before, 2), round(load_after, 2)], "prompts": a.prompts, "group": a.group, "max_tokens": a.max_tokens,
                       "steps": a.steps, "reps": a.reps, "results": [rounded(r) for r in rows]}))
     return 0
 

@@ -289,3 +289,17 @@ def test_second_buffer_on_the_same_data_dir_is_refused(make_buffer, tmp_path):
     srv, c = make_buffer(tmp_path / "shared")
     with pytest.raises(RuntimeError, match="another rollout buffer is using"):
         BufferThread(buffer_cfg(tmp_path / "shared"))
+
+
+def test_plain_app_route_answers_like_the_fast_path(tmp_path):
+    """create_buffer_app mounted without serving_app() (e.g. inside another server)."""
+    from starlette.testclient import TestClient
+
+    from clawloop.buffer import create_buffer_app
+
+    with TestClient(create_buffer_app(buffer_cfg(tmp_path / "plain", group_size=2, max_body_bytes=500))) as tc:
+        ok = tc.post("/buffer/write", json=item(1, 1.0))
+        assert ok.status_code == 200 and ok.json()["data"]["group_items"] == 1
+        assert tc.post("/buffer/write", json={"reward": 1}).status_code == 422
+        assert tc.post("/buffer/write", content=b"{").status_code == 400
+        assert tc.post("/buffer/write", json=item(1, 1.0, pad="x" * 600)).status_code == 413

@@ -11,7 +11,7 @@ import pytest
 from clawloop.config import ConfigError
 from clawloop.judge import JudgeUnavailable, make_judge
 from clawloop.judge.custom import CustomJudge
-from clawloop.records import Judgement, Turn
+from clawloop.records import Turn
 
 PLUGIN = textwrap.dedent('''
     from clawloop.records import Judgement

@@ -31,9 +31,10 @@ _sessions = iter(range(10**9))
 
 
 def _add_turns(store: Store, n: int, content: str = "Thanks!", **kw) -> list[int]:
-    futs = [store.add_turn(Turn(session_id=f"s{next(_sessions)}", index=0, messages=[{"role": "user", "content": f"q{i}?"}],
-                                response_text=f"a{i}", next_state={"role": "user", "content": content},
-                                next_state_at=time.time(), **kw)) for i in range(n)]
+    futs = [store.add_turn(Turn(session_id=f"s{next(_sessions)}", index=0,
+                                messages=[{"role": "user", "content": f"q{i}?"}], response_text=f"a{i}",
+                                next_state={"role": "user", "content": content}, next_state_at=time.time(), **kw))
+            for i in range(n)]
     return [f.result(10) for f in futs]
 
 

@@ -124,7 +124,8 @@ def generator_files(directory: str | Path) -> list[Path]:
     return sorted(d.glob(PATTERN))
 
 
-def discover_generators(generator_dir: str | Path | None = None, *, include_builtin: bool = True) -> dict[str, Generator]:
+def discover_generators(generator_dir: str | Path | None = None, *,
+                        include_builtin: bool = True) -> dict[str, Generator]:
     """Every generator in the built-in folder and in `generator_dir`, by TASK_TYPE.
 
     Raises GeneratorError listing every broken file and every duplicate TASK_TYPE."""

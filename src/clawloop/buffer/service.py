@@ -158,12 +158,19 @@ class RolloutBuffer:
         self.rollouts: dict[str, RolloutProcess] = {}
         self._lock = threading.Lock()
         self._notifiers: dict[int, _Notifier] = {}
+        self._warned: set[str] = set()
         log.info("rollout buffer: %s; generators: %s", self.store.path,
                  ", ".join(f"{t} ({g.path})" for t, g in sorted(self.generators.items())))
 
     # -- writes -------------------------------------------------------------------
     def task_of(self, item: dict[str, Any]) -> str:
-        return item.get("task_type") or self.store.current_task or DEFAULT_TASK
+        task = item.get("task_type") or self.store.current_task or DEFAULT_TASK
+        if task not in self.store.tasks and task not in self._warned:
+            self._warned.add(task)
+            log.warning("buffer: items for task %r, but no /start_rollout gave its group size; using "
+                        "train.n_samples_per_prompt = %d (--num-rollouts-per-prompt)", task,
+                        self.default_spec.group_size)
+        return task
 
     async def write(self, entries: list[tuple[str, str, bytes]]) -> list[tuple[int, int]]:
         loop = asyncio.get_running_loop()

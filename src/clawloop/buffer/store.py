@@ -286,7 +286,10 @@ class BufferStore:
             results = [(done, None, e) for _, _, done in batch]
         for done, res, err in results:
             if done is not None:
-                done(res, err)
+                try:
+                    done(res, err)
+                except Exception:  # noqa: BLE001 - e.g. the waiter's event loop is gone; others still wait
+                    log.exception("buffer store: completion callback failed")
 
     def _sweep(self, conn: sqlite3.Connection, now: float) -> None:
         """Finish or drop open groups that have had no write for their task's timeout."""

@@ -89,10 +89,12 @@ _HTTP = _rx(r"\bHTTP(?:/\d(?:\.\d)?)?\s+[45]\d\d\b",
 _FAIL_PHRASES = _rx(
     r"\bcommand not found\b", r"\bno such file or directory\b", r"\bpermission denied\b", r"\baccess denied\b",
     r"\bsegmentation fault\b", r"\bcore dumped\b", r"\bconnection refused\b", r"\bfailed to\b",
-    r"\btimed out\b", r"\btime ?out (?:waiting|while|after|error|exceeded|expired|reached)\b", r"^timeout\b", r"\bout of memory\b", r"^killed\b",
+    r"\btimed out\b", r"\btime ?out (?:waiting|while|after|error|exceeded|expired|reached)\b", r"^timeout\b",
+    r"\bout of memory\b", r"^killed\b",
     r"\bnot recognized as an internal or external command\b", r"\bpanicked at\b", r"\bnot found\b",
     r"\bunauthori[sz]ed\b", r"\bforbidden\b", r"\bcannot find\b", r"\bcould not (?:find|open|read|connect|resolve)\b",
-    r"\bunable to\b", r"\bdenied\b", r"\baborted\b", r"\bmerge conflict\b", r"^conflict\b", r"\bFAILED\b", r"\b[1-9]\d* failed\b", r"\b(?:an?|unexpected|internal|unknown|fatal) error\b",
+    r"\bunable to\b", r"\bdenied\b", r"\baborted\b", r"\bmerge conflict\b", r"^conflict\b", r"\bFAILED\b",
+    r"\b[1-9]\d* failed\b", r"\b(?:an?|unexpected|internal|unknown|fatal) error\b",
     r"\berror (?:occurred|while|during)\b", r"\bsyntax error\b", r"\bis not defined\b", r"\bundefined reference\b",
     r"\binvalid (?:argument|input|option|syntax|request|parameter|value)\b", r"\brate limit(?:ed)? exceeded\b",
     r"\bnicht gefunden\b", r"\bfehlgeschlagen\b", r"\bzugriff verweigert\b", r"\bintrouvable\b", r"\bécho(?:ué|uée)\b",
@@ -221,7 +223,8 @@ _NEGATIVE = _rx(
     r"\b(?:answer|reply|respond|write|say|antworte|schreib|réponds|écris|responde|escribe)\w*\b[^.?!]{0,20}"
     r"\b(?:in|auf|en)\s+(?:english|englisch|anglais|inglés|german|deutsch|allemand|alemán|french|französisch|"
     r"français|francés|spanish|spanisch|espagnol|español|italian|italienisch|italien|italiano|chinese|chinesisch|"
-    r"chinois|chino|japanese|japanisch|japonais|japonés|portuguese|portugiesisch|portugais|portugués)\b", r"\bkeep it\b", r"\bunder \d+ (?:words|lines|characters)\b",
+    r"chinois|chino|japanese|japanisch|japonais|japonés|portuguese|portugiesisch|portugais|portugués)\b",
+    r"\bkeep it\b", r"\bunder \d+ (?:words|lines|characters)\b",
     r"\b(?:did(?:n't| not)|never) ask\b",
     r"\byou (?:forgot|missed|ignored|did(?:n't| not)|didn't|skipped|left out|misunderstood|misread|got it wrong|"
     r"broke|deleted|removed|changed)\b", r"\bmisunderstood\b", r"\bwhy did you\b",
@@ -246,18 +249,21 @@ _NEGATIVE = _rx(
     r"exception|blank|empty|nothing|crash|warning|wrong|weird|strange|different|same|40\d|50\d|`)",
     r"(?:,|—|–| -)\s*not (?!sure\b|bad\b|only\b|just\b|too\b)(?:the |a |an |in |by |on |for )?\w+[\s\w]*[.!]?$",
     # de
-    r"^nein\b", r"\bfalsch\b", r"\bstimmt nicht\b", r"\bnicht (?:richtig|korrekt|das|gefragt)\b", r"\bgeirrt\b", r"\bich (?:meinte|wollte)\b",
+    r"^nein\b", r"\bfalsch\b", r"\bstimmt nicht\b", r"\bnicht (?:richtig|korrekt|das|gefragt)\b", r"\bgeirrt\b",
+    r"\bich (?:meinte|wollte)\b",
     r"\bnoch ?(?:mal|einmal)\b", r"\b(?:funktioniert|klappt|geht) (?:immer noch )?nicht\b", r"\bversuch(?:e|s)? es\b",
     # fr
     r"^non\b", r"\bc'est faux\b", r"\bfaux\b", r"\bpas (?:ça|ca|du tout|correct|juste)\b", r"\bce n'est pas\b",
-    r"\bje voulais\b", r"\btromp(?:é|e|es)\b", r"\brecommence\b", r"\bréessaie\b", r"\b(?:ne )?(?:marche|fonctionne) pas\b",
+    r"\bje voulais\b", r"\btromp(?:é|e|es)\b", r"\brecommence\b", r"\bréessaie\b",
+    r"\b(?:ne )?(?:marche|fonctionne) pas\b",
     # es / it / pt
     r"\bestá mal\b", r"\bincorrecto\b", r"\bno es (?:lo que|correcto|eso)\b", r"\bquer[íi]a\b", r"\bquise decir\b",
     r"\bequivoca\w*\b", r"\botra vez\b", r"\bde nuevo\b", r"\binténtalo\b", r"\bno funciona\b",
     r"\bho detto\b", r"\bsbagliat[oa]\b", r"\bintendevo\b", r"\bnon funziona\b",
     r"\berrad[oa]\b", r"\bnão (?:é|funciona)\b", r"\beu quis dizer\b",
     # zh / ja
-    r"不对", r"错了", r"不是这个", r"我要的是", r"我是说", r"我的意思是", r"没(?:有)?回答", r"答非所问", r"不是我(?:要|问)的", r"重新", r"再试", r"不行", r"没用", r"报错",
+    r"不对", r"错了", r"不是这个", r"我要的是", r"我是说", r"我的意思是", r"没(?:有)?回答", r"答非所问",
+    r"不是我(?:要|问)的", r"重新", r"再试", r"不行", r"没用", r"报错",
     r"違う", r"ちがう", r"間違", r"もう一度",
 )
 
@@ -274,7 +280,8 @@ _POSITIVE = _rx(
     r"\bthat did it\b", r"\bfixed\b", r"\bsolved\b", r"\bexactly\b", r"\bspot on\b", r"\bcorrect\b",
     r"\bmakes sense\b", r"\bgot it\b", r"\bhelpful\b", r"\bgood job\b", r"\bwell done\b", r"\blifesaver\b",
     r"^(?:yes|yep|yeah|yup|yay)\b", r"\bnot bad\b", r"\bsounds good\b", r"\blooks good\b", r"\blgtm\b",
-    r"\bthat's it\b", r"\bwhat i (?:wanted|needed|was looking for|asked for)\b", r"\bclearer\b", r"\bmuch better\b", r"\bhilarious\b",
+    r"\bthat's it\b", r"\bwhat i (?:wanted|needed|was looking for|asked for)\b", r"\bclearer\b",
+    r"\bmuch better\b", r"\bhilarious\b",
     r"\bdanke\b", r"\bvielen dank\b", r"\bsuper\b", r"\bperfekt\b", r"\btoll\b", r"\bklasse\b", r"\bgenau\b",
     r"\bfunktioniert\b", r"\bklappt\b", r"\bprima\b", r"\bwunderbar\b",
     r"\bmerci\b", r"\bparfait\b", r"\bgénial\b", r"\bça (?:marche|fonctionne)\b", r"\bnickel\b", r"\bbravo\b",
@@ -318,7 +325,8 @@ _STYLE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("upper", _rx(r"\bcapital letters\b", r"\bcapitals\b", r"\ball caps\b", r"\bin caps\b", r"\bcaps\b",
                   r"\bupper ?case\b", r"\buppercase\b", r"\bgroßbuchstaben\b", r"\bmajuscules?\b",
                   r"\bmayúsculas?\b", r"大写")),
-    ("bare", _rx(r"\bjust the (?:number|answer|digits?|result|word)\b", r"\bonly the (?:number|answer|digits?|result)\b",
+    ("bare", _rx(r"\bjust the (?:number|answer|digits?|result|word)\b",
+                 r"\bonly the (?:number|answer|digits?|result)\b",
                  r"\b(?:number|answer|digits?) only\b", r"\bnothing else\b", r"\bone word\b", r"\bno sentence\b",
                  r"\bjust (?:a|the) number\b", r"\bnur die (?:zahl|antwort)\b", r"\bseulement le (?:nombre|chiffre)\b",
                  r"\bjuste le (?:nombre|chiffre)\b", r"\bsolo el (?:número|resultado)\b", r"只回答数字", r"只要数字",
