@@ -303,3 +303,13 @@ def test_plain_app_route_answers_like_the_fast_path(tmp_path):
         assert tc.post("/buffer/write", json={"reward": 1}).status_code == 422
         assert tc.post("/buffer/write", content=b"{").status_code == 400
         assert tc.post("/buffer/write", json=item(1, 1.0, pad="x" * 600)).status_code == 413
+
+
+def test_a_finished_instance_id_starts_a_new_group(make_buffer):
+    """A second epoch over the same prompts writes the same instance_ids again."""
+    srv, c = make_buffer(group_size=2)
+    for epoch in range(2):
+        c.post("/buffer/write_batch", json=[item("x", float(k), f"{epoch}{k}") for k in range(2)]).raise_for_status()
+    assert stats(c)["ready_groups"] == 2
+    got = c.post("/get_rollout_data", json={}).json()
+    assert len(got["data"]["data"]) == 4 and got["data"]["meta_info"]["finished_groups"] == ["x", "x"]

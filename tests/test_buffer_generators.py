@@ -389,3 +389,44 @@ def test_math_problem_file_ships_and_parses():
     assert len({p["instance_id"] for p in problems}) == len(problems)
     for p in problems:
         assert p["prompt"].startswith("What is ") and score_answer(p["label"], p["label"]) == 1.0
+
+
+def test_template_run_rollout_works_against_a_stub_endpoint(tmp_path, make_buffer):
+    """The template as written (before the user edits it) already produces valid items."""
+    from clawloop.buffer.discovery import load_module
+
+    module = load_module(write_generator_template("tmpl", tmp_path))
+    stub = StubOpenAI([])
+    srv, c = make_buffer(group_size=2)
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps({"prompt": "What is 12+7?", "label": "swer is 19"}) + "\n")
+    try:
+        module.run_rollout({"remote_engine_url": stub.url, "remote_buffer_url": srv.url, "task_type": "tmpl",
+                            "input_file": str(problems), "num_repeat_per_sample": "2", "num_process": "2",
+                            "sampling_params": {"max_tokens": 8}})
+    finally:
+        stub.stop()
+    assert stub.requests[0]["headers"]["x-turn-type"] == "side"
+    st = c.get("/buffer/stats").json()["data"]["data"][0]
+    assert st["total_written"] == 2 and st["ready_groups"] == 1
+    c.post("/get_rollout_data", json={})  # a constant group (both right): dropped as invalid, counted
+    assert c.get("/buffer/stats").json()["data"]["data"][0]["dropped_invalid_groups"] == 1
+
+
+def test_math_unit_skip_instance_ids(tmp_path):
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("".join(json.dumps({"instance_id": i, "prompt": f"What is {i}+0?", "label": i}) + "\n"
+                                for i in range(2)))
+    stub = StubOpenAI([])
+    sent = []
+    try:
+        roll = MathRollout({"remote_engine_url": stub.url, "remote_buffer_url": "http://unused",
+                            "input_file": str(problems), "num_repeat_per_sample": 2, "num_process": 1,
+                            "num_epoch": 2, "skip_instance_ids": [0]})
+        roll.send = sent.append
+        counts = roll.run()
+    finally:
+        stub.stop()
+    # instance 0 finished before a restart: skipped once (one group), then sampled in epoch 2
+    assert counts["skipped_groups"] == 1
+    assert [it["instance_id"] for it in sent].count(0) == 2 and [it["instance_id"] for it in sent].count(1) == 4

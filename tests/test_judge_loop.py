@@ -118,7 +118,9 @@ def test_judge_down_leaves_turns_pending_then_judges_them_once(store):
             await asyncio.sleep(0.02)
         assert store.count_pending_judgement("scripted") == len(ids)
         assert all(store.get_judgement(t, "scripted") is None for t in ids)
-        assert loop.stats()["judge/cooling"] > 0
+        s = loop.stats()
+        assert s["judge/cooling"] > 0 and s["judge/failing_turns"] == len(ids)
+        assert s["judge/oldest_pending_age_s"] > 0
         state["down"] = False
         deadline = time.monotonic() + 15
         while store.count_pending_judgement("scripted"):
@@ -282,3 +284,42 @@ def test_run_judge_service_on_a_data_dir(tmp_path):
     store = Store(tmp_path / "data" / "clawloop.db")
     assert [store.get_judgement(t, "offline").score for t in ids] == [-1, -1, -1]
     store.close()
+
+
+def test_up_judges_every_captured_main_turn(random_model_dir, tmp_path):
+    """`clawloop up` wiring (judge on, trainer off): the offline judge scores the turns the
+    gateway captures, including a session's last turn (closed with X-Session-Done)."""
+    import httpx
+    from conftest import ServerThread, make_cfg
+
+    from clawloop.runtime import build_app
+    from clawloop.tinymodel.corpus import style_instruction
+
+    cfg = make_cfg(random_model_dir, tmp_path / "data", model__device="cpu", judge__poll_interval_s="0.05")
+    app, parts = build_app(cfg, judge=True, train=False)
+    server = ServerThread(app).start()
+    store, loop = parts["store"], parts["judge"]
+    try:
+        msgs = [{"role": "user", "content": "What is 12+7?"}]
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            r = c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4},
+                       headers={"X-Session-Id": "u1"})
+            msgs += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": "just the number, please"}]
+            c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4},
+                   headers={"X-Session-Id": "u1", "X-Session-Done": "1"}).raise_for_status()
+        deadline = time.monotonic() + 30
+        while True:
+            store.flush()
+            turns = store.session_turns("u1")
+            if len(turns) == 2 and all(store.get_judgement(t.id, "offline") for t in turns):
+                break
+            assert time.monotonic() < deadline, loop.stats()
+            time.sleep(0.05)
+        first, last = (store.get_judgement(t.id, "offline") for t in turns)
+        assert first.score == -1 and first.hint == style_instruction("bare")
+        assert last.score == 0 and turns[1].final
+        assert loop.stats()["judge/judged"] == 2
+    finally:
+        server.stop()
+        store.close()

@@ -31,7 +31,7 @@ async def sample_group(engine, prompt_ids, n, seed0, max_tokens=4):
 
 def test_learning_canary_reward_rises_and_weights_change(random_model_dir, tmp_path):
     """Synthetic reward: +1 when the first answer token is in the lower half of
-    the vocabulary (a ~50 % base rate on a random model), -1 otherwise. 20
+    the vocabulary (a ~50 % base rate on a random model), -1 otherwise. 30
     Binary-RL steps through engine -> trainer -> publish must raise it."""
     from clawloop.engines.hf import HFEngine
     from clawloop.gateway.render import render_prompt
@@ -48,7 +48,7 @@ def test_learning_canary_reward_rises_and_weights_change(random_model_dir, tmp_p
     async def main():
         await engine.start()
         try:
-            for step in range(20):
+            for step in range(30):
                 group = await sample_group(engine, prompt, 16, seed0=1000 * step)
                 samples = []
                 for ids, lps, ver in group:
@@ -64,9 +64,9 @@ def test_learning_canary_reward_rises_and_weights_change(random_model_dir, tmp_p
             await engine.stop()
 
     asyncio.run(main())
-    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.5, rewards
-    assert engine.policy_version == 20 and trainer.step_count == 20
+    assert engine.policy_version == 30 and trainer.step_count == 30
     changed = sum(float((v - w0[k]).abs().sum()) for k, v in trainer.model.state_dict().items())
     assert changed > 0
 

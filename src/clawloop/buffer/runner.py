@@ -43,6 +43,7 @@ class RolloutProcess:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_path = log_dir / f"{task_type}-{stamp}-{os.getpid()}-{int(time.time() * 1000) % 100000}.log"
         payload_path = log_path.with_suffix(".payload.json")
+        payload_path.touch(mode=0o600)  # the payload may hold an API key for the engine
         payload_path.write_text(json.dumps(payload, default=str))
         with open(log_path, "ab") as log_file:
             popen = subprocess.Popen(

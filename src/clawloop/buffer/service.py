@@ -206,7 +206,8 @@ class RolloutBuffer:
             if running is not None and running.running():
                 raise BadInput(409, f"a {task_type!r} rollout is already running (pid {running.pid}); "
                                     "POST /stop_rollout first")
-            self.store.register_task(task_type, spec, data)
+            masked = {k: ("***" if "key" in k.lower() else v) for k, v in data.items()}
+            self.store.register_task(task_type, spec, masked)
             proc = RolloutProcess.start(task_type, gen.path, data, self.data_dir / "rollouts")
             self.rollouts[task_type] = proc
         log.info("rollout %s started: %s pid %d group size %d, log %s", task_type, gen.path, proc.pid,

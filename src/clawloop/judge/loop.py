@@ -132,8 +132,10 @@ class JudgeLoop:
         self.cooldown_base_s = cooldown_base_s
         self._claimed: dict[int, float] = {}
         """Turn id -> time its next state arrived, for turns queued or being judged."""
-        self._cooling: dict[int, tuple[float, int, float]] = {}
-        """Turn id -> (eligible again at, failed attempts, arrival time)."""
+        self._cooling: dict[int, float] = {}
+        """Turn id -> when it may be fetched again, after a failed attempt."""
+        self._failed: dict[int, tuple[int, float]] = {}
+        """Turn id -> (failed attempts so far, time its next state arrived), until it is judged."""
         self._recent: set[int] = set()
         """Turns saved since the feeder's last store read began (that read may predate the commit)."""
         self._queue: asyncio.Queue[Turn] | None = None
@@ -170,11 +172,14 @@ class JudgeLoop:
         last_pending = 0.0
         try:
             while not stop.is_set():
-                await self._feed()
-                now = time.monotonic()
-                if now - last_pending >= PENDING_REFRESH_S:
-                    last_pending = now
-                    self.pending = await asyncio.to_thread(self.store.count_pending_judgement, self.name)
+                try:
+                    await self._feed()
+                    now = time.monotonic()
+                    if now - last_pending >= PENDING_REFRESH_S:
+                        last_pending = now
+                        self.pending = await asyncio.to_thread(self.store.count_pending_judgement, self.name)
+                except Exception:  # a busy or briefly unreadable store: try again next poll
+                    log.exception("judge loop: reading the store failed")
                 self._wake.clear()
                 waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
                 try:
@@ -195,7 +200,7 @@ class JudgeLoop:
         if free <= 0:
             return
         now = time.monotonic()
-        for tid in [t for t, (at, _, _) in self._cooling.items() if at <= now]:
+        for tid in [t for t, at in self._cooling.items() if at <= now]:
             del self._cooling[tid]
         saved_before = set(self._recent)
         exclude = frozenset(self._claimed) | frozenset(self._cooling) | frozenset(saved_before)
@@ -261,9 +266,10 @@ class JudgeLoop:
 
     def _cool_down(self, turn: Turn) -> None:
         self.failures += 1
-        _, n, arrived = self._cooling.get(turn.id, (0.0, 0, turn.next_state_at or turn.created_at))
+        n, arrived = self._failed.get(turn.id, (0, turn.next_state_at or turn.created_at))
         wait = min(COOLDOWN_MAX_S, self.cooldown_base_s * (2 ** n))
-        self._cooling[turn.id] = (time.monotonic() + wait, n + 1, arrived)
+        self._failed[turn.id] = (n + 1, arrived)
+        self._cooling[turn.id] = time.monotonic() + wait
         log.warning("judge %s: turn %s stays pending (failed attempt %d); retrying in %.0fs",
                     self.name, turn.id, n + 1, wait)
 
@@ -272,6 +278,7 @@ class JudgeLoop:
         inserted = await asyncio.shield(asyncio.wrap_future(self.store.save_judgement(j)))
         self._recent.add(j.turn_id)
         self._cooling.pop(j.turn_id, None)
+        self._failed.pop(j.turn_id, None)
         if not inserted:
             self.duplicates += 1  # another judge process got there first
             return
@@ -306,7 +313,7 @@ class JudgeLoop:
 
     # -- metrics -------------------------------------------------------------
     def oldest_pending_age_s(self) -> float:
-        known = list(self._claimed.values()) + [a for _, _, a in self._cooling.values()]
+        known = list(self._claimed.values()) + [a for _, a in self._failed.values()]
         return max(0.0, time.time() - min(known)) if known else 0.0
 
     def stats(self) -> dict[str, float]:
@@ -319,6 +326,7 @@ class JudgeLoop:
             "judge/call_errors": float(self.call_errors),
             "judge/garbage_replies": float(self.garbage),
             "judge/cooling": float(len(self._cooling)),
+            "judge/failing_turns": float(len(self._failed)),
             "judge/inflight": float(self.inflight),
             "judge/queue_depth": float(self._queue.qsize() if self._queue is not None else 0),
             "judge/oldest_pending_age_s": self.oldest_pending_age_s(),

@@ -9,18 +9,23 @@ tool results
     an `Error:` / `fatal:` / `panic:` line, a non-zero exit status, an HTTP
     4xx/5xx, or a known failure phrase (command not found, permission denied,
     ...; also de/fr/es/zh). "0 errors", "no errors" and `"error": null` are
-    not errors. Any other non-empty result -> +1; an empty one -> 0.
-user replies, checked in this order
-    0   empty, or nothing but punctuation;
+    not errors. Any other non-empty result -> +1; an empty one (or `null`) -> 0.
+user replies, checked in this order (quoted spans are ignored: a quoted
+'thank you' to translate is content, not thanks)
+    0   empty, nothing but punctuation, or a declined offer ("no thanks");
+    -1  a pasted error (a traceback, `TypeError: ...`, an `ERROR:` line);
+    ..  with both praise and a correction around a "but", the clause after
+        the last "but" decides ("thanks, but it's still broken" -> -1,
+        "not what I expected, but it works, thanks" -> +1);
     -1  a correction: "no, ...", "wrong", "I meant ...", "try again", "you
         forgot ...", a style demand ("just the number", "in capital letters"),
-        a pasted error; in en, de, fr, es, it, pt, zh, ja;
-    +1  thanks or praise ("thanks", "perfect", "danke", "merci", "谢谢", 👍),
-        unless a "but" follows it ("thanks, but ..." -> -1);
+        in en, de, fr, es, it, pt, zh, ja;
+    +1  thanks or praise ("thanks", "perfect", "danke", "merci", "谢谢", 👍);
     -1  the same request again: the reply asks what the previous user
         message asked (same content words up to spelling, same numbers);
+    0   chit-chat ("how are you?", "good night", "lol");
     +1  the user moves on: a new question or request;
-    0   anything else (chit-chat, "ok", "hmm", greetings).
+    0   anything else ("ok", "hmm", "I see").
 
 Hints (for on-policy distillation) come with -1 verdicts only:
 `hint_from_correction` turns a correction into an instruction. Style demands
@@ -29,7 +34,10 @@ map to the canonical instruction the tiny model was trained on
 is one the model understands; other corrections become a short imperative or
 quote the user. Tool errors give a hint quoting the error line.
 
-Accuracy on the packaged labelled set: `clawloop judge-eval`.
+Accuracy on the packaged labelled set: `clawloop judge-eval`. The rules were
+written alongside that set, so treat its number as an upper bound: two later
+batches of fresh examples (rows 260-307 and 308-337 of the set) scored 0.81
+and 0.87 before the rules were extended to cover them.
 """
 
 from __future__ import annotations
@@ -216,7 +224,7 @@ _NEGATIVE = _rx(
     r"issues?)\b)",
     r"\b(?:that|this|it)(?:'s| is| was)(?: (?:still|totally|completely|just|all))? (?:wrong|incorrect|not right|"
     r"not correct|not it|not what|not how|not true|false|a mistake|broken|useless|nonsense)\b",
-    r"\b(?:that|this|it)(?:'s| is) not\b(?! (?:bad|a problem|an issue)\b)", r"\bwrong\b", r"\bincorrect\b",
+    r"\b(?:that|this|it)(?:'s| is) not\b(?! (?:bad|a problem|an issue)\b)", r"(?<!nothing )(?<!what's )(?<!what is )(?<!anything )\bwrong\b", r"\bincorrect\b",
     r"\bnot (?:correct|right|true|accurate)\b", r"\bdoes(?:n't| not) (?:look|seem|sound) right\b",
     r"\bnot what i\b", r"\bi (?:meant|mean,|said)\b", r"(?<!what )\bi (?:asked|wanted|was asking|was looking for)\b",
     r"\bwhat i meant\b", r"\bi (?:don't|do not) think\b", r"\bopposite of what\b",
@@ -224,7 +232,7 @@ _NEGATIVE = _rx(
     r"\b(?:in|auf|en)\s+(?:english|englisch|anglais|inglés|german|deutsch|allemand|alemán|french|französisch|"
     r"français|francés|spanish|spanisch|espagnol|español|italian|italienisch|italien|italiano|chinese|chinesisch|"
     r"chinois|chino|japanese|japanisch|japonais|japonés|portuguese|portugiesisch|portugais|portugués)\b",
-    r"\bkeep it\b", r"\bunder \d+ (?:words|lines|characters)\b",
+    r"\bkeep it (?:short|shorter|brief|simple|under|below|to|concise|in)\b", r"\bunder \d+ (?:words|lines|characters)\b",
     r"\b(?:did(?:n't| not)|never) ask\b",
     r"\byou (?:forgot|missed|ignored|did(?:n't| not)|didn't|skipped|left out|misunderstood|misread|got it wrong|"
     r"broke|deleted|removed|changed)\b", r"\bmisunderstood\b", r"\bwhy did you\b",
@@ -238,10 +246,10 @@ _NEGATIVE = _rx(
     r"\bdon't get it\b", r"\bdo(?:n't| not) understand\b", r"\bmakes? no sense\b", r"\bdoes(?:n't| not) make sense\b",
     r"\btoo (?:long|short|verbose|wordy|complicated|complex|vague|much|little|brief|generic)\b",
     r"\bare you sure\b", r"\bthat's not how\b", r"\binstead\b", r"\brather than\b", r"\bsupposed to\b",
-    r"\bshould (?:be|have|return|use|say|print|give)\b", r"\bi expected\b", r"\bexpected more\b", r"\bmistake\b",
+    r"\bshould(?:n't| not)? (?:be|have|return|use|say|print|give)\b(?! (?:fine|ok|okay|good|enough|alright)\b)", r"\bi expected\b", r"\bexpected more\b", r"\bmistake\b",
     r"\btypo\b", r"\bstop (?:adding|using|doing|saying|writing|putting|making|changing)\b",
     r"\b(?:please )?(?:don't|do not) (?:use|add|do|write|include|put|say|make|change|delete|remove|give|answer|"
-    r"reply|respond)\b", r"\bonly works\b", r"\bswitch to\b", r"\bmake it\b", r"\bnot helpful\b", r"\bunhelpful\b",
+    r"reply|respond)\b", r"\bonly works\b", r"(?<!let's )\bswitch to\b", r"\bmake it (?:more|less|a bit|\w+er\b)", r"\bnot helpful\b", r"\bunhelpful\b",
     r"\bnever ?mind\b", r"\bforget it\b", r"\bfor trying\b", r"\bask (?:someone|somebody) else\b", r"\bgive up\b",
     r"\b(?:dead|broken) link\b", r"\b(?:link|page|url|site)\b[^.?!]* (?:is |was )?(?:dead|broken|down)\b",
     r"(?:error|status|code|http)\s*[45]0\d\b", r"\([45]0\d\)",
@@ -277,11 +285,11 @@ _POSITIVE = _rx(
     r"\bgreat\b", r"\bperfect\b", r"\bawesome\b", r"\bexcellent\b", r"\bnice\b", r"\bcool\b", r"\bbrilliant\b",
     r"\bamazing\b", r"\bwonderful\b", r"\bfantastic\b", r"\blove (?:it|this|that)\b", r"\bbeautiful\b",
     r"\b(?:it|that|this)? ?works\b", r"\bworked\b", r"\bworking now\b", r"\bruns fine\b", r"\bdid the trick\b",
-    r"\bthat did it\b", r"\bfixed\b", r"\bsolved\b", r"\bexactly\b", r"\bspot on\b", r"\bcorrect\b",
+    r"\bthat did it\b", r"\bfixed\b", r"\bsolved\b", r"\bexactly\b", r"\bspot on\b", r"\bcorrect\b(?! (?:the|this|that|it|my|your|these|those|me)\b)",
     r"\bmakes sense\b", r"\bgot it\b", r"\bhelpful\b", r"\bgood job\b", r"\bwell done\b", r"\blifesaver\b",
     r"^(?:yes|yep|yeah|yup|yay)\b", r"\bnot bad\b", r"\bsounds good\b", r"\blooks good\b", r"\blgtm\b",
     r"\bthat's it\b", r"\bwhat i (?:wanted|needed|was looking for|asked for)\b", r"\bclearer\b",
-    r"\bmuch better\b", r"\bhilarious\b",
+    r"\bmuch better\b", r"\bhilarious\b", r"\bkeep it up\b",
     r"\bdanke\b", r"\bvielen dank\b", r"\bsuper\b", r"\bperfekt\b", r"\btoll\b", r"\bklasse\b", r"\bgenau\b",
     r"\bfunktioniert\b", r"\bklappt\b", r"\bprima\b", r"\bwunderbar\b",
     r"\bmerci\b", r"\bparfait\b", r"\bgénial\b", r"\bça (?:marche|fonctionne)\b", r"\bnickel\b", r"\bbravo\b",
@@ -292,6 +300,8 @@ _POSITIVE = _rx(
     r"ありがとう", r"完璧",
     r"[👍🙏🎉❤😍🙌✅💯😊😀👌🥳]",
 )
+# "no longer crashes", "doesn't fail anymore", "not broken": a problem reported gone.
+_SOLVED = _rx(r"(?:\bno longer|\bnot|n't|\bnever|\bwithout|\bstopped) (?:\w+ )?(?:crash\w*|fail\w*|broken|break\w*)\b")
 _BUT = _rx(r"\bbut\b", r"\baber\b", r"\bmais\b", r"\bpero\b", r"但是", r"不过")
 
 _QUESTION_START = _rx(
@@ -524,7 +534,7 @@ def classify_user_reply(content: str, previous_request: str | None = None) -> Ve
     low = _unquote(t).lower()
     if _DECLINE.search(low):
         return Verdict(0, "user:decline")
-    neg = _NEGATIVE.search(low)
+    neg = _NEGATIVE.search(_SOLVED.sub(" _ ", low))
     if neg is None and style_of_correction(t) is not None:
         neg = True
     if neg is None and (_USER_ERROR.search(t) or _USER_ERROR_WORD.search(_NO_ERRORS.sub(" ", low))):
