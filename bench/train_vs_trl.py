@@ -27,6 +27,12 @@ goes first alternates between repetitions so drift on a shared machine hits both
 
 Trained tokens = completion tokens in the batch (the eos included); tokens/s =
 their sum over the sum of step times. Prints a table, then one JSON line.
+
+Differences that remain: the completions are sampled, so the two sides train on
+different tokens (equal in number only when every completion runs to the
+limit); TRL's step also computes entropies and metrics for its logs; clawloop
+checks its rollouts against the engine's logprobs (truncated IS), TRL without
+vLLM has none to check. OpenMP waits passively on both sides (see below).
 """
 
 from __future__ import annotations
@@ -44,7 +50,15 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+# Before torch loads libgomp. Spinning OpenMP workers make 2-thread torch on a
+# busy machine erratic (a forward pass from 6 ms to seconds), and unevenly so:
+# libgomp stops spinning when a process holds more OpenMP threads than CPUs,
+# which the clawloop side does (its engine thread has its own team) and TRL
+# does not. Passive waiting is the same rule for both sides.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -60,9 +74,11 @@ class Timing:
     """Trained (completion) tokens per step."""
     generate_s: list[float] = field(default_factory=list)
     """The generation part of each step (clawloop: engine; TRL: `_generate_single_turn`)."""
+    publish_s: list[float] = field(default_factory=list)
+    """clawloop only: handing the new weights to the engine (TRL generates from the trained model)."""
     reward_mean: list[float] = field(default_factory=list)
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, float | None]:
         total = sum(self.step_s)
         return {
             "steps": len(self.step_s),
@@ -71,6 +87,7 @@ class Timing:
             "tokens_per_step": sum(self.tokens) / len(self.tokens),
             "tokens_per_s": sum(self.tokens) / total,
             "generate_s_median": statistics.median(self.generate_s) if self.generate_s else None,
+            "publish_s_median": statistics.median(self.publish_s) if self.publish_s else None,
             "reward_mean": sum(self.reward_mean) / len(self.reward_mean),
         }
 
@@ -146,7 +163,7 @@ async def clawloop_run(model: str, questions: list[list[str]], a: argparse.Names
     try:
         for step, qs in enumerate(questions):
             t0 = time.perf_counter()
-            # render → capture → judge → build samples → train step → publish (TRL tokenizes inside its step too)
+            # render → capture → judge → build samples → train step → publish; TRL also tokenizes in its step
             prompt_ids = [render_prompt(tok, [{"role": "user", "content": q}], None) for q in qs]
             groups = await asyncio.gather(*(capture_group(engine, p, a.group, a.max_tokens,
                                                           seed=a.seed * 1_000_003 + step * 1000 + 100 * g)
@@ -157,15 +174,18 @@ async def clawloop_run(model: str, questions: list[list[str]], a: argparse.Names
             rewards = [reward_bare(tok.decode(ids, skip_special_tokens=True)) for ids, _, _ in completions]
             samples = build_samples(prompt_ids, completions, rewards, group_ids)
             trainer.step(samples, served_version=engine.policy_version)
+            t_pub = time.perf_counter()
             await engine.publish(trainer.served_state_dict(), trainer.version)
             dt = time.perf_counter() - t0
             if step == 0:
                 continue  # warm-up
             timing.step_s.append(dt)
             timing.generate_s.append(t_gen - t0)
+            timing.publish_s.append(t0 + dt - t_pub)
             timing.tokens.append(sum(len(ids) for ids, _, _ in completions))
             timing.reward_mean.append(sum(rewards) / len(rewards))
-        assert engine.policy_version == len(questions), "the served policy version did not advance every step"
+        if engine.policy_version != len(questions):
+            raise RuntimeError(f"served policy version {engine.policy_version} after {len(questions)} steps")
     finally:
         await engine.stop()
     return timing
@@ -267,6 +287,42 @@ def run_side(side: str, model: str, questions: list[list[str]], a: argparse.Name
         return trl_run(model, questions, a, lora, tmp, target_modules)
 
 
+def _rounded(x):
+    if isinstance(x, float):
+        return round(x, 4)
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    return x
+
+
+def report(results: dict[str, dict[str, Timing]], a: argparse.Namespace, model: str,
+           load: tuple[float, float]) -> list[dict]:
+    """Print the table; return one row per variant for the JSON line."""
+    def cell(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    print(f"\nGRPO step on CPU, {a.threads} torch threads, load average {load[0]:.1f} -> {load[1]:.1f}; "
+          f"{a.prompts} prompts x group {a.group}, <= {a.max_tokens} completion tokens; "
+          f"{a.steps} timed steps x {a.reps} reps per side; model {model}")
+    print(f"{'variant':<8} {'side':<9} {'s/step p50':>10} {'s/step mean':>11} {'gen s p50':>9} {'pub s p50':>9} "
+          f"{'tok/step':>8} {'tok/s':>8} {'reward':>7}")
+    rows = []
+    for v, by_side in results.items():
+        s = {side: by_side[side].summary() for side in SIDES}
+        for side in SIDES:
+            x = s[side]
+            print(f"{v:<8} {side:<9} {x['s_per_step_median']:>10.3f} {x['s_per_step_mean']:>11.3f} "
+                  f"{cell(x['generate_s_median']):>9} {cell(x['publish_s_median']):>9} "
+                  f"{x['tokens_per_step']:>8.1f} {x['tokens_per_s']:>8.1f} {x['reward_mean']:>7.2f}")
+        row = {"variant": v, "clawloop": s["clawloop"], "trl": s["trl"],
+               "tokens_per_s_ratio": s["clawloop"]["tokens_per_s"] / s["trl"]["tokens_per_s"],
+               "s_per_step_ratio": s["trl"]["s_per_step_median"] / s["clawloop"]["s_per_step_median"]}
+        rows.append(row)
+        print(f"{v:<8} {'ratio':<9} {row['s_per_step_ratio']:>9.2f}x {'':>11} {'':>9} {'':>9} {'':>8} "
+              f"{row['tokens_per_s_ratio']:>7.2f}x   clawloop / TRL (goal >= 1.5x)")
+    return rows
+
+
 def resolve_model(path: str) -> str:
     if path:
         if not Path(path).exists():
@@ -311,7 +367,6 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)  # deprecation notices from inside TRL/transformers
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(a.threads)
     model = resolve_model(a.model)
     target_modules = list(TrainConfig().lora_target_modules)
@@ -334,43 +389,19 @@ def main(argv: list[str] | None = None) -> int:
                 r.step_s += t.step_s
                 r.tokens += t.tokens
                 r.generate_s += t.generate_s
+                r.publish_s += t.publish_s
                 r.reward_mean += t.reward_mean
                 print(f"  {v:<4} rep {rep} {side:<8} s/step {statistics.median(t.step_s):.3f}  "
                       f"tokens/step {sum(t.tokens) / len(t.tokens):.1f}", flush=True)
 
     load_after = os.getloadavg()[0]
-    rows = []
-    print(f"\nGRPO step on CPU ({a.threads} threads, load average {load_before:.1f} before, {load_after:.1f} after): {a.prompts} prompts x group {a.group}, "
-          f"<= {a.max_tokens} completion tokens, {a.steps} timed steps x {a.reps} reps per side; model {model}")
-    print(f"{'variant':<8} {'side':<9} {'s/step p50':>10} {'s/step mean':>11} {'gen s p50':>9} "
-          f"{'tok/step':>8} {'tok/s':>8} {'reward':>7}")
-    for v in variants:
-        s = {side: results[v][side].summary() for side in SIDES}
-        for side in SIDES:
-            x = s[side]
-            gen = "-" if x["generate_s_median"] is None else f"{x['generate_s_median']:.3f}"
-            print(f"{v:<8} {side:<9} {x['s_per_step_median']:>10.3f} {x['s_per_step_mean']:>11.3f} "
-                  f"{gen:>9} {x['tokens_per_step']:>8.1f} {x['tokens_per_s']:>8.1f} "
-                  f"{x['reward_mean']:>7.2f}")
-        row = {"variant": v, "clawloop": s["clawloop"], "trl": s["trl"],
-               "tokens_per_s_ratio": s["clawloop"]["tokens_per_s"] / s["trl"]["tokens_per_s"],
-               "s_per_step_ratio": s["trl"]["s_per_step_median"] / s["clawloop"]["s_per_step_median"]}
-        rows.append(row)
-        print(f"{v:<8} {'ratio':<9} {row['s_per_step_ratio']:>9.2f}x {'':>11} {'':>9} {'':>8} "
-              f"{row['tokens_per_s_ratio']:>7.2f}x   (clawloop / TRL; goal >= 1.5x)")
-
-    def rounded(x):
-        if isinstance(x, float):
-            return round(x, 4)
-        if isinstance(x, dict):
-            return {k: rounded(val) for k, val in x.items()}
-        return x
-
+    rows = report(results, a, model, (load_before, load_after))
     print(json.dumps({"bench": "train_vs_trl", "model": model, "trl": trl.__version__,
                       "transformers": transformers.__version__, "torch": torch.__version__,
-                      "threads": a.threads, "cpus": os.cpu_count(),
-                      "loadavg_1m": [round(load_before, 2), round(load_after, 2)], "prompts": a.prompts, "group": a.group, "max_tokens": a.max_tokens,
-                      "steps": a.steps, "reps": a.reps, "results": [rounded(r) for r in rows]}))
+                      "threads": a.threads, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"], "cpus": os.cpu_count(),
+                      "loadavg_1m": [round(load_before, 2), round(load_after, 2)], "prompts": a.prompts,
+                      "group": a.group, "max_tokens": a.max_tokens, "steps": a.steps, "reps": a.reps,
+                      "results": [_rounded(r) for r in rows]}))
     return 0
 
 

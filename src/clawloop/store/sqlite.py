@@ -16,7 +16,7 @@ import queue
 import sqlite3
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -170,10 +170,13 @@ class Store:
                 conn.rollback()
                 results = [(fut, None, e) for _, fut in jobs]
             for fut, res, err in results:
-                if err is not None:
-                    fut.set_exception(err)
-                else:
-                    fut.set_result(res)
+                try:  # a caller may have cancelled its future; the write still happened
+                    if err is not None:
+                        fut.set_exception(err)
+                    else:
+                        fut.set_result(res)
+                except InvalidStateError:
+                    pass
             if stop:
                 conn.close()
                 return
