@@ -4,6 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
+BENCHSTAMP:= $(VENV)/.installed-bench
 
 .PHONY: run test bench install install-dev tiny-model clean
 
@@ -25,6 +26,10 @@ $(DEVSTAMP): $(STAMP)
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(DEVSTAMP)
 
+$(BENCHSTAMP): $(DEVSTAMP)
+	$(BIN)/pip install -q -e ".[dev,bench]"
+	touch $(BENCHSTAMP)
+
 install: $(STAMP)
 install-dev: $(DEVSTAMP)
 
@@ -38,7 +43,7 @@ run: $(STAMP)
 test: $(DEVSTAMP)
 	$(BIN)/python -m pytest tests
 
-bench: $(DEVSTAMP)
+bench: $(BENCHSTAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:

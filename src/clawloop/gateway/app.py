@@ -150,7 +150,8 @@ class Gateway:
         sid, turn_type, done = self.session_of(request, req)
         use_tools = bool(req.tools) and req.tool_choice != "none"
         try:
-            prompt_ids = render_prompt(self.tok, req.messages, req.tools if use_tools else None)
+            prompt_ids = render_prompt(self.tok, req.messages, req.tools if use_tools else None,
+                                       continue_final=req.continue_final_message)
         except Exception as e:  # a template that rejects the conversation (e.g. role order)
             raise APIError(400, f"The messages could not be rendered with the model's chat template: {e}",
                            param="messages", code="invalid_value")

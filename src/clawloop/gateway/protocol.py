@@ -60,6 +60,8 @@ class ChatRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     return_token_ids: bool = False
+    continue_final_message: bool = False
+    """vLLM's extension: continue the last (assistant) message instead of starting a new one."""
     # clawloop's session fields, when given in the body
     session_id: str | None = None
     turn_type: str | None = None
@@ -256,6 +258,14 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
     for key in ("presence_penalty", "frequency_penalty"):
         _number(body, key, -2.0, 2.0, 0.0)
     req.return_token_ids = _bool(body, "return_token_ids")
+    req.continue_final_message = _bool(body, "continue_final_message")
+    agp = _bool(body, "add_generation_prompt", True)
+    if req.continue_final_message:
+        if agp and "add_generation_prompt" in body:
+            raise _bad("'continue_final_message' needs 'add_generation_prompt': false.", "add_generation_prompt")
+        if req.messages[-1]["role"] != "assistant":
+            raise _bad("'continue_final_message' needs the last message to be the assistant's.",
+                       "continue_final_message")
     sid = body.get("session_id")
     if sid is not None and not isinstance(sid, str):
         raise _bad("Invalid type for 'session_id': expected a string.", "session_id", code="invalid_type")

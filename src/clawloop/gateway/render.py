@@ -44,10 +44,13 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-    """Prompt token ids, rendered with the tokenizer's chat template and a generation prompt."""
-    text = tokenizer.apply_chat_template(template_messages(messages), tools=tools, add_generation_prompt=True,
-                                         tokenize=False)
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                  *, continue_final: bool = False) -> list[int]:
+    """Prompt token ids, rendered with the tokenizer's chat template and a generation prompt
+    (or, with `continue_final`, ending inside the last assistant message)."""
+    kw = {"continue_final_message": True, "add_generation_prompt": False} if continue_final else \
+        {"add_generation_prompt": True}
+    text = tokenizer.apply_chat_template(template_messages(messages), tools=tools, tokenize=False, **kw)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
