@@ -60,6 +60,8 @@ class TinyModelArgs:
     """Warm-up steps."""
     weight_decay: float = 0.01
     """AdamW weight decay on matrices (not on norms and biases)."""
+    bf16: bool = True
+    """bf16 autocast for the forward pass (fp32 master weights; ~1.3x faster on CPUs with bf16 support)."""
     eval_questions: int = 800
     """Held-out questions in the final evaluation."""
 
@@ -248,8 +250,9 @@ def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], An
         labels = torch.from_numpy(all_labels[idx, :T]).long()  # (B, T)
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, args)
-        logits = model(input_ids=ids).logits  # (B, T, V); right padding needs no mask under causal attention
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            logits = model(input_ids=ids).logits  # (B, T, V); right padding needs no mask under causal attention
+        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
                                ignore_index=-100)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -268,18 +271,23 @@ def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], An
 
 
 def generate_replies(model, tok, prompts: list[dict[str, Any]], max_new_tokens: int = 32,
-                     batch_size: int = 100) -> list[str]:
-    """Greedy replies to `{"messages", "tools"?}` prompts, decoded without special tokens."""
+                     batch_size: int = 100, sample_seed: int | None = None) -> list[str]:
+    """Replies to `{"messages", "tools"?}` prompts, decoded without special tokens:
+    greedy, or sampled at temperature 1 (seeded) when `sample_seed` is given."""
     import torch
 
+    sampling: dict[str, Any] = {"do_sample": False}
+    if sample_seed is not None:
+        sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+        torch.manual_seed(sample_seed)
     texts = [render_chat(p["messages"], p.get("tools"), add_generation_prompt=True) for p in prompts]
     replies: list[str] = []
     tok.padding_side = "left"
     with torch.no_grad():
         for i in range(0, len(texts), batch_size):
             enc = tok(texts[i:i + batch_size], add_special_tokens=False, padding=True, return_tensors="pt")
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id, **sampling)
             new = out[:, enc["input_ids"].shape[1]:]  # (B, new)
             replies += tok.batch_decode(new, skip_special_tokens=True)
     return [r.strip() for r in replies]
@@ -291,7 +299,8 @@ def evaluate(model, tok, n: int = 800, seed: int = 0) -> dict[str, Any]:
     - `answer/<skill>`: the reply holds the right answer (any style), over all prompts;
     - `style/<placement>`: the reply fits the asked style, instruction in the system
       message, the user message (prefix or suffix), or a "Hint:";
-    - `unprompted/<style>`: share of each style with no instruction (`none`: fits no style);
+    - `unprompted/<style>`: share of each style with no instruction, sampled at temperature 1
+      (greedy decoding would always pick the same style; `none`: fits no style);
     - `correction`: after an answer in another style and a user correction, the reply fits;
     - `tool_call`: with a calculator tool, the reply is a calculator call with the right expression.
     """
@@ -323,6 +332,9 @@ def evaluate(model, tok, n: int = 800, seed: int = 0) -> dict[str, Any]:
     replies = generate_replies(model, tok, prompts)
     hits: dict[str, list[bool]] = {}
     unprompted: dict[str, int] = {s: 0 for s in corpus.STYLES + ("none",)}
+    plain = [p for p, (_, cond, _) in zip(prompts, meta) if cond == "none"]
+    for reply in generate_replies(model, tok, plain, sample_seed=seed):
+        unprompted[corpus.classify_style(reply) or "none"] += 1
     for reply, (q, cond, style) in zip(replies, meta):
         if cond == "tool_call":
             want = json.dumps({"name": "calculator", "arguments": {"expression": q["expression"]}})
@@ -332,9 +344,7 @@ def evaluate(model, tok, n: int = 800, seed: int = 0) -> dict[str, Any]:
             hits.setdefault("correction", []).append(corpus.fits_style(reply, style))
             continue
         hits.setdefault(f"answer/{q['skill']}", []).append(corpus.extract_answer(reply) == q["answer"].lower())
-        if cond == "none":
-            unprompted[corpus.classify_style(reply) or "none"] += 1
-        else:
+        if cond != "none":
             key = "user" if cond in ("prefix", "suffix") else cond
             hits.setdefault(f"style/{key}", []).append(corpus.fits_style(reply, style))
     report: dict[str, Any] = {k: round(sum(v) / len(v), 3) for k, v in sorted(hits.items())}

@@ -298,6 +298,20 @@ def _plain(rng: random.Random) -> dict[str, Any]:
     return {"messages": msgs}
 
 
+def _drill(rng: random.Random) -> dict[str, Any]:
+    """(a) several unrelated questions in a row, each in a random style: cheap
+    tokens for arithmetic, which needs many more examples than anything else."""
+    msgs: list[dict[str, Any]] = []
+    system = _maybe_system(rng, 0.15)
+    if system:
+        _say(msgs, "system", system)
+    for _ in range(rng.randint(3, 8)):
+        q = _question(rng, rng.choice(("add", "add", "add", "sub")))
+        _say(msgs, "user", q["question"])
+        _say(msgs, "assistant", render_answer(q["answer"], rng.choice(STYLES)))
+    return {"messages": msgs}
+
+
 def _instructed(rng: random.Random) -> dict[str, Any]:
     """(b) an instruction in the system message, the user message, or a hint."""
     style, placement = rng.choice(STYLES), rng.choice(PLACEMENTS)
@@ -368,7 +382,7 @@ def _chitchat(rng: random.Random) -> dict[str, Any]:
     return {"messages": msgs}
 
 
-_KINDS = ((_plain, 32), (_instructed, 40), (_corrected, 14), (_tool_use, 8), (_chitchat, 6))
+_KINDS = ((_plain, 20), (_drill, 25), (_instructed, 32), (_corrected, 11), (_tool_use, 7), (_chitchat, 5))
 
 
 def generate_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
