@@ -419,7 +419,8 @@ def summarize(probes: list[Probe], seconds: float | None = None) -> dict:
     ttft = [p.ttft_s for p in ok if p.ttft_s == p.ttft_s] or [float("nan")]
     gaps = [p.max_gap_s for p in ok] or [float("nan")]
     return {
-        "probes": len(probes), "failed": len(probes) - len(ok), "seconds": None if seconds is None else round(seconds, 1),
+        "probes": len(probes), "failed": len(probes) - len(ok),
+        "seconds": None if seconds is None else round(seconds, 1),
         "p50_ms": statistics.median(lat) * 1e3, "p99_ms": pct(lat, 99) * 1e3, "max_ms": max(lat) * 1e3,
         "ttft_p50_ms": statistics.median(ttft) * 1e3, "ttft_p99_ms": pct(ttft, 99) * 1e3,
         "gap_p99_ms": pct(gaps, 99) * 1e3, "gap_max_ms": max(gaps) * 1e3,
@@ -592,10 +593,12 @@ def main(argv: list[str] | None = None) -> int:
     r = lambda x: round(x, 2)  # noqa: E731
     print(json.dumps({
         "bench": "serve_while_training", "model": model, "concurrency": a.concurrency, "users": a.users,
-        "phases": {k: {kk: finite(r(vv) if isinstance(vv, float) else vv) for kk, vv in v.items()} for k, v in phases.items()},
+        "phases": {k: {kk: finite(r(vv) if isinstance(vv, float) else vv) for kk, vv in v.items()}
+                   for k, v in phases.items()},
         "p99_ratio_busy_idle": r(ratio), "p99_ratio_busy_quiet": r(ratio_quiet), "goal_p99_ratio": 1.5,
         "non_2xx": non2xx, "failures": failures, "server_non_2xx": int(server_non2xx), "responses": tally.total(),
-        "publishes": busy_publishes, "versions_seen": len(samples), "engine_publishes_total": engine_publishes, "train_steps": train_steps,
+        "publishes": busy_publishes, "versions_seen": len(samples), "engine_publishes_total": engine_publishes,
+        "train_steps": train_steps,
         "first_publish_s": finite(r(t_first_publish)),
         "publish_stall_ms": {"n": len(stalls), "median": r(statistics.median(stalls) * 1e3) if stalls else None,
                              "max": r(max(stalls) * 1e3) if stalls else None},

@@ -167,12 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=4, help="Turns per session.")
     ap.add_argument("--eval-questions", type=int, default=48)
     ap.add_argument("--batch-size", type=int, default=16, help="--rollout-batch-size of the trainer.")
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--model-path", default="", help="Policy model (default: the tiny model, built if missing).")
     ap.add_argument("--url", default="", help="Use a running `clawloop up` at this base URL instead of starting one.")
     ap.add_argument("--out", default="demo-result.json")
     ap.add_argument("--data-dir", default="", help="Data dir for the started `up` (default: a temp dir).")
     ap.add_argument("--max-minutes", type=float, default=30.0)
+    ap.add_argument("--settle-s", type=float, default=10.0,
+                    help="After each round of sessions, wait this long at most for the policy to update.")
     ap.add_argument("up_args", nargs=argparse.REMAINDER, help="After `--`: extra flags for `clawloop up`.")
     a = ap.parse_args(argv)
     a.up_args = [x for x in a.up_args if x != "--"]
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         baseline, _ = satisfaction(client, a.preference, questions, seed=10_000)
         print(f"demo: baseline satisfaction {baseline:.2f} at policy v{v0}", flush=True)
         last_v, sessions = v0, 0
-        while len(curve) < a.updates and time.time() - t0 < a.max_minutes * 60:
+        while last_v - v0 < a.updates and time.time() - t0 < a.max_minutes * 60:
             with ThreadPoolExecutor(a.users) as ex:
                 futs = [ex.submit(run_user, client, a.preference, random.Random(rng.random()),
                                   f"user{u}-s{sessions}", a.turns) for u in range(a.users)]
@@ -213,15 +215,18 @@ def main(argv: list[str] | None = None) -> int:
                     users_fit += s["fit"]
                     users_answers += s["answers"]
             sessions += 1
+            # give the judge and the trainer a moment to turn this round into an update
+            deadline = time.time() + a.settle_s
+            while version(url) == last_v and time.time() < deadline:
+                time.sleep(0.2)
             v = version(url)
             if v == last_v:
                 continue
-            # let an update that is mid-publish settle, then measure at one version
             sat, seen = satisfaction(client, a.preference, questions, seed=10_000)
-            last_v = version(url)
-            curve.append({"update": len(curve) + 1, "policy_version": seen, "satisfaction": sat,
+            last_v = seen
+            curve.append({"update": seen - v0, "policy_version": seen, "satisfaction": sat,
                           "minutes": (time.time() - t0) / 60})
-            print(f"demo: update {len(curve)} (v{seen}) satisfaction {sat:.2f} "
+            print(f"demo: update {seen - v0} (v{seen}) satisfaction {sat:.2f} "
                   f"[{(time.time() - t0) / 60:.1f} min]", flush=True)
     finally:
         if up is not None:
@@ -230,12 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     final = curve[-1]["satisfaction"] if curve else baseline
     out = Path(a.out)
     result = {"method": a.method, "preference": a.preference, "baseline": baseline, "final": final,
-              "curve": curve, "updates": len(curve), "minutes": minutes, "seed": a.seed,
+              "curve": curve, "updates": curve[-1]["update"] if curve else 0, "minutes": minutes, "seed": a.seed,
               "batch_size": a.batch_size, "lr": a.lr, "users_fit_rate": users_fit / max(users_answers, 1)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     png = plot(curve, baseline, out, f"clawloop demo: {a.method}, preference={a.preference}")
     if png:
         print(f"demo: wrote {out} and {png}", flush=True)
-    print(f"method={a.method} baseline={baseline:.2f} final={final:.2f} updates={len(curve)} minutes={minutes:.1f}")
+    print(f"method={a.method} baseline={baseline:.2f} final={final:.2f} updates={result['updates']} "
+          f"minutes={minutes:.1f}")
     return 0
