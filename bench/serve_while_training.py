@@ -155,7 +155,6 @@ class Up:
         cmd = [sys.executable, "-m", "clawloop.cli", "up", "--model-path", model, "--data-dir", data_dir,
                "--port", str(port), "--rollout-batch-size", "4", "--method", "combine", "--lr", "1e-4",
                "--no-serve-status", "--judge-poll-interval-s", "0.1"]
-        self.cmd = cmd
         self.log_path = Path(data_dir) / "up.log"
         self.log = open(self.log_path, "w")
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
@@ -190,7 +189,8 @@ class Up:
         return self.proc.returncode, time.time() - t0, killed
 
     def log_tail(self, n: int = 30) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
 

@@ -112,3 +112,19 @@ def test_up_learns_publishes_shuts_down_and_survives_kill(random_model_dir, tmp_
     sessions = [json.loads(x) for x in out.read_text().splitlines()]
     assert sum(len(s["turns"]) for s in sessions) == sent
     assert {s["session_id"] for s in sessions} == {"u0", "u1", "u2", "after-restart"}
+
+
+def test_demo_runs_and_writes_its_curve(random_model_dir, tmp_path):
+    """The demo's mechanics on the random model (it cannot learn a style in one
+    update; the learning itself is measured by `clawloop demo`, see bench/RESULTS.md)."""
+    out = tmp_path / "r.json"
+    res = run_cli("demo", "--model-path", str(random_model_dir), "--updates", "1", "--users", "2", "--turns", "2",
+                  "--batch-size", "2", "--eval-questions", "4", "--out", str(out), "--data-dir", str(tmp_path / "d"),
+                  timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    last = res.stdout.strip().splitlines()[-1]
+    assert last.startswith("method=combine baseline=") and " updates=" in last and " minutes=" in last
+    r = json.loads(out.read_text())
+    assert set(r) >= {"baseline", "final", "curve", "method"}
+    assert r["curve"] and r["curve"][0]["update"] >= 1 and 0.0 <= r["curve"][0]["satisfaction"] <= 1.0
+    assert out.with_suffix(".png").exists()

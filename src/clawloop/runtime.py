@@ -58,11 +58,55 @@ def build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, stor
         from clawloop.trainer import attach_trainer
 
         attach_trainer(cfg, engine, store, parts, stats, background)
+    background.append(lambda: export_metrics(cfg, parts))
     if cfg.serve.status and sys.stdout.isatty():
         background.append(lambda: live_status(parts))
     app = create_app(cfg, engine, store if cfg.capture.enabled else None, stats=stats, background=background)
     parts["gateway"] = app.state.gateway
     return app, parts
+
+
+async def export_metrics(cfg: Config, parts: dict[str, Any], every_s: float = 5.0) -> None:
+    """The /metrics numbers to TensorBoard (DATA_DIR/tensorboard, when the
+    `tensorboard` package is installed: `pip install clawloop[tensorboard]`)
+    and to Weights & Biases (when `wandb` is installed and WANDB_PROJECT is set)."""
+    import asyncio
+    import os
+
+    sinks = []
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+
+        tb = SummaryWriter(str(Path(cfg.data_dir) / "tensorboard"))
+        sinks.append(lambda stats, step: [tb.add_scalar(k, v, step) for k, v in stats.items()])
+    except ImportError:
+        log.info("tensorboard is not installed; metrics stay on /metrics only")
+        tb = None
+    if os.environ.get("WANDB_PROJECT"):
+        try:
+            import wandb
+
+            run = wandb.init(project=os.environ["WANDB_PROJECT"], config=__import__("dataclasses").asdict(cfg))
+            sinks.append(lambda stats, step: run.log(stats, step=step))
+        except ImportError:
+            log.warning("WANDB_PROJECT is set but wandb is not installed")
+    if not sinks:
+        return
+    tick = 0
+    try:
+        while True:
+            await asyncio.sleep(every_s)
+            gw = parts.get("gateway")
+            if gw is None:
+                continue
+            stats = gw._all_stats()
+            step = int(stats.get("train/step", tick))
+            tick += 1
+            for sink in sinks:
+                sink(stats, step)
+    finally:
+        if tb is not None:
+            tb.close()
 
 
 async def live_status(parts: dict[str, Any], every_s: float = 1.0) -> None:
