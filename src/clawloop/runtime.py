@@ -99,7 +99,7 @@ async def export_metrics(cfg: Config, parts: dict[str, Any], every_s: float = 5.
             gw = parts.get("gateway")
             if gw is None:
                 continue
-            stats = gw._all_stats()
+            stats = gw.all_stats()
             step = int(stats.get("train/step", tick))
             tick += 1
             for sink in sinks:
@@ -121,7 +121,7 @@ async def live_status(parts: dict[str, Any], every_s: float = 1.0) -> None:
 
     def render() -> Table:
         nonlocal last_req, last_t
-        s = parts["gateway"]._all_stats()
+        s = parts["gateway"].all_stats()
         now = time.time()
         req = s.get("gateway/requests", 0.0)
         rps = (req - last_req) / max(now - last_t, 1e-6)

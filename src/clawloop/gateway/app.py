@@ -87,7 +87,7 @@ class Gateway:
         if self.capture is not None:
             self.stats_fns.append(self.capture.stats)
         self.stats_fns.extend(stats or [])
-        self.metrics.add_stats(self._all_stats)
+        self.metrics.add_stats(self.all_stats)
         self.inflight = 0
         self.requests = 0
         self.started_at = time.time()
@@ -95,7 +95,7 @@ class Gateway:
         if self.tok.eos_token_id is not None:
             self._eos.add(self.tok.eos_token_id)
 
-    def _all_stats(self) -> dict[str, float]:
+    def all_stats(self) -> dict[str, float]:
         out: dict[str, float] = {"gateway/inflight": float(self.inflight), "gateway/requests": float(self.requests)}
         for fn in self.stats_fns:
             try:
