@@ -239,10 +239,10 @@ def test_build_smoke_and_if_missing(tmp_path):
     """A few training steps of a 1-layer model run the whole build: data, train, evaluate, atomic save."""
     import math
 
-    args = TinyModelArgs(layers=1, hidden=32, intermediate=64, steps=3, batch_size=8, warmup=1, eval_questions=10)
+    args = TinyModelArgs(layers=1, hidden=32, intermediate=64, arith_steps=2, steps=3, batch_size=8, warmup=1, eval_questions=10)
     out = build_tiny_model(tmp_path / "tiny", seed=0, log=lambda s: None, threads=1, args=args)
     info = json.loads((out / "build_info.json").read_text())
-    assert info["steps"] == 3 and math.isfinite(info["final_loss"]) and info["params"] > 0
+    assert info["steps"] == 5 and math.isfinite(info["final_loss"]) and info["params"] > 0
     assert {"answer/add", "style/hint", "unprompted/bare", "tool_call"} <= set(info["accuracy"])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left behind
     assert main(["--out", str(out), "--if-missing"]) == 0

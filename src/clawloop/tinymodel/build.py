@@ -50,8 +50,11 @@ class TinyModelArgs:
     """Residual width; heads are 32 wide."""
     intermediate: int = 512
     """MLP width."""
-    steps: int = 1800
-    """Optimizer steps; one fresh batch of generated conversations each."""
+    arith_steps: int = 600
+    """Warm-up curriculum: steps on arithmetic-only conversations before the mixed corpus
+    (2-digit addition is learnt in a few hundred of these, and rarely in minutes of mixed data)."""
+    steps: int = 1200
+    """Optimizer steps on the mixed corpus; one fresh batch of generated conversations each."""
     batch_size: int = 64
     """Conversations per step."""
     lr: float = 3e-3
@@ -220,19 +223,24 @@ def _batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[li
 def _lr_at(step: int, args: TinyModelArgs) -> float:
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
-    p = (step - args.warmup) / max(1, args.steps - args.warmup)
+    p = (step - args.warmup) / max(1, args.arith_steps + args.steps - args.warmup)
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
 
 def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], Any] = print) -> list[float]:
-    """Next-token loss on assistant tokens of `args.steps * args.batch_size` fresh conversations."""
+    """Next-token loss on assistant tokens: `args.arith_steps` batches of arithmetic-only
+    conversations, then `args.steps` batches of the mixed corpus, all fresh."""
     import torch
     import torch.nn.functional as F
 
     t0 = time.perf_counter()
-    encoded = encode_conversations(tok, corpus.generate_corpus(args.steps * args.batch_size, seed=seed + 1))
+    n_arith = args.arith_steps * args.batch_size
+    encoded = encode_conversations(tok, corpus.generate_arithmetic_corpus(n_arith, seed=seed + 1)
+                                   + corpus.generate_corpus(args.steps * args.batch_size, seed=seed + 1))
     lengths = [len(ids) for ids, _ in encoded]
-    batches = _batches(lengths, args.batch_size, random.Random(f"batches-{seed}"))[:args.steps]
+    rng = random.Random(f"batches-{seed}")
+    batches = _batches(lengths[:n_arith], args.batch_size, rng)[:args.arith_steps]
+    batches += [[n_arith + i for i in b] for b in _batches(lengths[n_arith:], args.batch_size, rng)][:args.steps]
     all_ids, all_labels = _pack(encoded, tok.pad_token_id)  # (N, T_max)
     del encoded
     log(f"data: {len(lengths)} conversations, {sum(lengths)} tokens ({time.perf_counter() - t0:.1f}s)")
@@ -382,13 +390,13 @@ def build_tiny_model(out: str | Path | None = None, seed: int = 0, steps: int | 
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(_config(tok, args.layers, args.hidden, args.intermediate))
     params = sum(p.numel() for p in model.parameters())
-    log(f"tiny model: {params / 1e6:.2f}M parameters, vocab {len(tok)}, {args.steps} steps "
-        f"x {args.batch_size} conversations, {torch.get_num_threads()} threads")
+    log(f"tiny model: {params / 1e6:.2f}M parameters, vocab {len(tok)}, {args.arith_steps} arithmetic + "
+        f"{args.steps} mixed steps x {args.batch_size} conversations, {torch.get_num_threads()} threads")
     losses = pretrain(model, tok, args, seed, log)
     train_s = time.perf_counter() - t_start
     report = evaluate(model, tok, n=args.eval_questions, seed=seed)
     seconds = time.perf_counter() - t_start
-    info = {"name": MODEL_NAME, "params": params, "seed": seed, "steps": args.steps, "train_seconds": round(train_s, 1),
+    info = {"name": MODEL_NAME, "params": params, "seed": seed, "steps": args.arith_steps + args.steps, "train_seconds": round(train_s, 1),
             "seconds": round(seconds, 1), "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
             "threads": torch.get_num_threads(), "args": asdict(args),
             "accuracy": {k: v for k, v in report.items() if k != "examples"}, "examples": report["examples"]}
@@ -418,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Build the embedded tiny chat model (no download, a few minutes on CPU).")
     p.add_argument("--out", default=None, help=f"Output folder (default: {default_model_dir()}).")
     p.add_argument("--seed", type=int, default=0, help="Seed for data, init and batch order.")
-    p.add_argument("--steps", type=int, default=None, help=f"Training steps (default {TinyModelArgs.steps}).")
+    p.add_argument("--steps", type=int, default=None, help=f"Steps on the mixed corpus (default {TinyModelArgs.steps}; plus "
+                   f"{TinyModelArgs.arith_steps} arithmetic warm-up steps).")
     p.add_argument("--force", action="store_true", help="Rebuild even if the model exists.")
     p.add_argument("--if-missing", action="store_true", help="Exit at once if the model exists.")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, at most 8).")

@@ -382,7 +382,26 @@ def _chitchat(rng: random.Random) -> dict[str, Any]:
     return {"messages": msgs}
 
 
+def _arithmetic(rng: random.Random) -> dict[str, Any]:
+    """The warm-up curriculum: only arithmetic, one to four questions, random styles.
+    A small model finds the carry circuit of 2-digit addition quickly on this, and
+    slowly (or not at all within a few minutes) when the digits are a small share
+    of a mixed corpus's loss."""
+    msgs: list[dict[str, Any]] = []
+    for _ in range(rng.randint(1, 4)):
+        q = _question(rng, rng.choice(("add", "add", "add", "sub")))
+        _say(msgs, "user", q["question"])
+        _say(msgs, "assistant", render_answer(q["answer"], rng.choice(STYLES)))
+    return {"messages": msgs}
+
+
 _KINDS = ((_plain, 20), (_drill, 25), (_instructed, 32), (_corrected, 11), (_tool_use, 7), (_chitchat, 5))
+
+
+def generate_arithmetic_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """`n` arithmetic-only conversations (the warm-up phase), the same for the same seed."""
+    rng = random.Random(f"arith-{seed}")
+    return [_arithmetic(rng) for _ in range(n)]
 
 
 def generate_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
