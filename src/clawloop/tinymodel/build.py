@@ -50,13 +50,16 @@ class TinyModelArgs:
     """Residual width; heads are 32 wide."""
     intermediate: int = 512
     """MLP width."""
-    arith_steps: int = 600
+    arith_steps: int = 800
     """Warm-up curriculum: steps on arithmetic-only conversations before the mixed corpus
     (2-digit addition is learnt in a few hundred of these, and rarely in minutes of mixed data)."""
-    steps: int = 1200
+    steps: int = 1600
     """Optimizer steps on the mixed corpus; one fresh batch of generated conversations each."""
     batch_size: int = 64
     """Conversations per step."""
+    arith_replay: int = 16
+    """Arithmetic conversations (random styles) added to every mixed batch, so the
+    warm-up is not forgotten (without them: 3 % addition at the end)."""
     lr: float = 3e-3
     """Peak AdamW learning rate (linear warm-up, cosine decay to 10 %)."""
     warmup: int = 60
@@ -204,14 +207,19 @@ def _pack(encoded: list[tuple[list[int], list[int]]], pad_id: int):
     return ids, labels
 
 
-def _batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
-    """Batches of similar length (less padding), in a seeded random order."""
+def _batches(lengths: list[int], batch_size: int, rng: random.Random, bucket: int) -> list[list[int]]:
+    """Batches in a seeded random order; within each window of `bucket` batches the
+    conversations are sorted by length (less padding). Keep windows small: a batch
+    of same-length arithmetic is a batch of one template and one digit count,
+    and on such batches the model does not learn addition at all (measured:
+    0 % after 1000 steps of bucket-32 batches vs 87 % with random ones).
+    `bucket=1` gives plain random batches."""
     order = list(range(len(lengths)))
     rng.shuffle(order)
-    chunk = batch_size * 32
+    chunk = batch_size * bucket
     batches = []
     for i in range(0, len(order), chunk):
-        group = sorted(order[i:i + chunk], key=lambda j: lengths[j])
+        group = sorted(order[i:i + chunk], key=lambda j: lengths[j]) if bucket > 1 else order[i:i + chunk]
         batches += [group[k:k + batch_size] for k in range(0, len(group), batch_size)]
     rng.shuffle(batches)
     return batches
@@ -221,6 +229,9 @@ def _batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[li
 
 
 def _lr_at(step: int, args: TinyModelArgs) -> float:
+    """Linear warm-up, then one cosine decay to 10 % over both phases. (Restarting
+    it for the mixed phase follows style instructions better but forgets addition:
+    measured 0 % vs 38 % with the same replay.)"""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
     p = (step - args.warmup) / max(1, args.arith_steps + args.steps - args.warmup)
@@ -235,12 +246,19 @@ def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], An
 
     t0 = time.perf_counter()
     n_arith = args.arith_steps * args.batch_size
+    n_replay = args.steps * args.arith_replay
+    n_mixed = args.steps * args.batch_size
     encoded = encode_conversations(tok, corpus.generate_arithmetic_corpus(n_arith, seed=seed + 1)
-                                   + corpus.generate_corpus(args.steps * args.batch_size, seed=seed + 1))
+                                   + corpus.generate_arithmetic_corpus(n_replay, seed=seed + 1, styled=True)
+                                   + corpus.generate_corpus(n_mixed, seed=seed + 1))
     lengths = [len(ids) for ids, _ in encoded]
     rng = random.Random(f"batches-{seed}")
-    batches = _batches(lengths[:n_arith], args.batch_size, rng)[:args.arith_steps]
-    batches += [[n_arith + i for i in b] for b in _batches(lengths[n_arith:], args.batch_size, rng)][:args.steps]
+    # Warm-up batches in plain random order; mixed batches length-bucketed, each with its replay slice.
+    batches = _batches(lengths[:n_arith], args.batch_size, rng, bucket=1)[:args.arith_steps]
+    mixed = _batches(lengths[n_arith + n_replay:], args.batch_size, rng, bucket=32)[:args.steps]
+    for k, b in enumerate(mixed):
+        replay = range(n_arith + k * args.arith_replay, n_arith + (k + 1) * args.arith_replay)
+        batches.append([n_arith + n_replay + i for i in b] + list(replay))
     all_ids, all_labels = _pack(encoded, tok.pad_token_id)  # (N, T_max)
     del encoded
     log(f"data: {len(lengths)} conversations, {sum(lengths)} tokens ({time.perf_counter() - t0:.1f}s)")

@@ -382,26 +382,27 @@ def _chitchat(rng: random.Random) -> dict[str, Any]:
     return {"messages": msgs}
 
 
-def _arithmetic(rng: random.Random) -> dict[str, Any]:
-    """The warm-up curriculum: only arithmetic, one to four questions, random styles.
-    A small model finds the carry circuit of 2-digit addition quickly on this, and
-    slowly (or not at all within a few minutes) when the digits are a small share
-    of a mixed corpus's loss."""
-    msgs: list[dict[str, Any]] = []
-    for _ in range(rng.randint(1, 4)):
-        q = _question(rng, rng.choice(("add", "add", "add", "sub")))
-        _say(msgs, "user", q["question"])
-        _say(msgs, "assistant", render_answer(q["answer"], rng.choice(STYLES)))
-    return {"messages": msgs}
+def _arithmetic(rng: random.Random, styled: bool = False) -> dict[str, Any]:
+    """One arithmetic question (addition 4:1 subtraction) and its answer: bare for
+    the warm-up, in a random style for the replay during the mixed phase.
+    A small model finds the carry circuit of 2-digit addition in a few hundred
+    steps of bare warm-up, but not within minutes when the digits are a small
+    share of a mixed corpus's loss, and it forgets it again in the mixed phase
+    unless some arithmetic keeps coming."""
+    q = _question(rng, "sub" if rng.random() < 0.2 else "add")
+    style = rng.choice(STYLES) if styled else "bare"
+    return {"messages": [{"role": "user", "content": q["question"]},
+                         {"role": "assistant", "content": render_answer(q["answer"], style)}]}
 
 
 _KINDS = ((_plain, 20), (_drill, 25), (_instructed, 32), (_corrected, 11), (_tool_use, 7), (_chitchat, 5))
 
 
-def generate_arithmetic_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`n` arithmetic-only conversations (the warm-up phase), the same for the same seed."""
-    rng = random.Random(f"arith-{seed}")
-    return [_arithmetic(rng) for _ in range(n)]
+def generate_arithmetic_corpus(n: int, seed: int = 0, styled: bool = False) -> list[dict[str, Any]]:
+    """`n` one-question arithmetic conversations (bare answers, or random styles
+    with `styled`), the same for the same seed."""
+    rng = random.Random(f"arith-{seed}-{int(styled)}")
+    return [_arithmetic(rng, styled) for _ in range(n)]
 
 
 def generate_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
