@@ -239,11 +239,33 @@ def test_build_smoke_and_if_missing(tmp_path):
     """A few training steps of a 1-layer model run the whole build: data, train, evaluate, atomic save."""
     import math
 
-    args = TinyModelArgs(layers=1, hidden=32, intermediate=64, arith_steps=2, steps=3, batch_size=8, warmup=1, eval_questions=10)
+    args = TinyModelArgs(layers=1, hidden=32, intermediate=64, arith_steps=2, steps=3, final_steps=1, batch_size=8,
+                         warmup=1, eval_questions=10)
     out = build_tiny_model(tmp_path / "tiny", seed=0, log=lambda s: None, threads=1, args=args)
     info = json.loads((out / "build_info.json").read_text())
-    assert info["steps"] == 5 and math.isfinite(info["final_loss"]) and info["params"] > 0
+    assert info["steps"] == 6 and math.isfinite(info["final_loss"]) and info["params"] > 0
     assert {"answer/add", "style/hint", "unprompted/bare", "tool_call"} <= set(info["accuracy"])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left behind
     assert main(["--out", str(out), "--if-missing"]) == 0
     assert build_tiny_model(out, log=lambda s: None) == out  # cached: returns at once
+
+
+def test_plan_phases():
+    """Warm-up rows are bare arithmetic; mixed rows carry styled-arithmetic side rows; final rows
+    are arithmetic with mixed side rows; no conversation is used twice."""
+    from clawloop.tinymodel.build import _conversations, _plan
+
+    args = TinyModelArgs(arith_steps=3, steps=4, final_steps=2, batch_size=8, arith_replay=2, final_mixed=3,
+                         replay_weight=0.5, final_weight=0.7)
+    convs, parts = _conversations(args, seed=0)
+    plan = _plan(args, 0, parts, [len(str(c)) for c in convs])
+    assert [len(p[0]) for p in plan] == [8] * 9
+    assert [(len(s), w) for _, s, w in plan] == [(0, 0.0)] * 3 + [(2, 0.5)] * 4 + [(3, 0.7)] * 2
+    assert all(i in parts["warm"] for m, _, _ in plan[:3] for i in m)
+    assert all(i in parts["mixed"] for m, _, _ in plan[3:7] for i in m)
+    assert all(i in parts["replay"] for _, s, _ in plan[3:7] for i in s)
+    assert all(i in parts["final"] for m, _, _ in plan[7:] for i in m)
+    assert all(i in parts["mixed"] for _, s, _ in plan[7:] for i in s)
+    used = [i for m, s, _ in plan for i in m + s]
+    assert len(used) == len(set(used))
+    assert all(len(convs[i]["messages"]) == 2 for i in parts["warm"])  # one question, one answer

@@ -64,6 +64,13 @@ class TinyModelArgs:
     """Weight of the replay's own token-mean loss beside the mixed conversations' one.
     (Pooled into one token mean, the replay's few tokens are ~3 % of the loss and
     addition fades: 4 % at the end.)"""
+    final_steps: int = 0
+    """Consolidation phase after the mixed one: batches of arithmetic in random styles
+    (plain random order), each with `final_mixed` mixed conversations beside them."""
+    final_mixed: int = 16
+    """Mixed conversations per final-phase batch (their own token-mean loss, × `final_weight`)."""
+    final_weight: float = 1.0
+    """Weight of the mixed rows' loss in the final phase."""
     lr: float = 3e-3
     """Peak AdamW learning rate (linear warm-up, cosine decay to 10 %)."""
     warmup: int = 60
@@ -233,36 +240,67 @@ def _batches(lengths: list[int], batch_size: int, rng: random.Random, bucket: in
 
 
 def _lr_at(step: int, args: TinyModelArgs) -> float:
-    """Linear warm-up, then one cosine decay to 10 % over both phases. (Restarting
+    """Linear warm-up, then one cosine decay to 10 % over all phases. (Restarting
     it for the mixed phase follows style instructions better but forgets addition:
     measured 0 % vs 38 % with the same replay.)"""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
-    p = (step - args.warmup) / max(1, args.arith_steps + args.steps - args.warmup)
+    p = (step - args.warmup) / max(1, args.arith_steps + args.steps + args.final_steps - args.warmup)
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
 
+def _conversations(args: TinyModelArgs, seed: int) -> tuple[list[dict[str, Any]], dict[str, range]]:
+    """Every conversation the build trains on, and where each part of it lies."""
+    B = args.batch_size
+    convs: list[dict[str, Any]] = []
+    parts: dict[str, range] = {}
+    for name, items in (
+            ("warm", corpus.generate_arithmetic_corpus(args.arith_steps * B, seed=seed + 1)),
+            ("replay", corpus.generate_arithmetic_corpus(args.steps * args.arith_replay, seed=seed + 1, styled=True)),
+            ("mixed", corpus.generate_corpus(args.steps * B + args.final_steps * args.final_mixed, seed=seed + 1)),
+            ("final", corpus.generate_arithmetic_corpus(args.final_steps * B, seed=seed + 2, styled=True))):
+        parts[name] = range(len(convs), len(convs) + len(items))
+        convs.extend(items)
+    return convs, parts
+
+
+def _plan(args: TinyModelArgs, seed: int, parts: dict[str, range],
+          lengths: list[int]) -> list[tuple[list[int], list[int], float]]:
+    """Per step: (main rows, side rows, weight of the side rows' own token-mean loss).
+
+    1. warm-up: `arith_steps` batches of bare arithmetic, plain random order;
+    2. mixed: `steps` length-bucketed batches of the mixed corpus, each with
+       `arith_replay` styled arithmetic rows beside it (weight `replay_weight`);
+    3. final: `final_steps` batches of styled arithmetic, plain random order, each
+       with `final_mixed` mixed rows beside it (weight `final_weight`).
+    """
+    rng = random.Random(f"batches-{seed}")
+    B = args.batch_size
+    warm, replay, mixed, final = parts["warm"], parts["replay"], parts["mixed"], parts["final"]
+    plan: list[tuple[list[int], list[int], float]] = []
+    for b in _batches([1] * len(warm), B, rng, bucket=1)[:args.arith_steps]:
+        plan.append(([warm[i] for i in b], [], 0.0))
+    n_mixed = args.steps * B
+    for k, b in enumerate(_batches([lengths[mixed[i]] for i in range(n_mixed)], B, rng, bucket=32)[:args.steps]):
+        plan.append(([mixed[i] for i in b], list(replay[k * args.arith_replay:(k + 1) * args.arith_replay]),
+                     args.replay_weight))
+    for k, b in enumerate(_batches([1] * len(final), B, rng, bucket=1)[:args.final_steps]):
+        side = mixed[n_mixed + k * args.final_mixed:n_mixed + (k + 1) * args.final_mixed]
+        plan.append(([final[i] for i in b], list(side), args.final_weight))
+    return plan
+
+
 def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], Any] = print) -> list[float]:
-    """Next-token loss on assistant tokens: `args.arith_steps` batches of arithmetic-only
-    conversations, then `args.steps` batches of the mixed corpus, all fresh."""
+    """Next-token loss on assistant tokens over the phases of `_plan`, all data fresh."""
     import torch
     import torch.nn.functional as F
 
     t0 = time.perf_counter()
-    n_arith = args.arith_steps * args.batch_size
-    n_replay = args.steps * args.arith_replay
-    n_mixed = args.steps * args.batch_size
-    encoded = encode_conversations(tok, corpus.generate_arithmetic_corpus(n_arith, seed=seed + 1)
-                                   + corpus.generate_arithmetic_corpus(n_replay, seed=seed + 1, styled=True)
-                                   + corpus.generate_corpus(n_mixed, seed=seed + 1))
+    convs, parts = _conversations(args, seed)
+    encoded = encode_conversations(tok, convs)
+    del convs
     lengths = [len(ids) for ids, _ in encoded]
-    rng = random.Random(f"batches-{seed}")
-    # Warm-up batches in plain random order; mixed batches length-bucketed, each with its replay slice.
-    batches = _batches(lengths[:n_arith], args.batch_size, rng, bucket=1)[:args.arith_steps]
-    mixed = _batches(lengths[n_arith + n_replay:], args.batch_size, rng, bucket=32)[:args.steps]
-    for k, b in enumerate(mixed):
-        replay = range(n_arith + k * args.arith_replay, n_arith + (k + 1) * args.arith_replay)
-        batches.append([n_arith + n_replay + i for i in b] + list(replay))
+    plan = _plan(args, seed, parts, lengths)
     all_ids, all_labels = _pack(encoded, tok.pad_token_id)  # (N, T_max)
     del encoded
     log(f"data: {len(lengths)} conversations, {sum(lengths)} tokens ({time.perf_counter() - t0:.1f}s)")
@@ -274,7 +312,8 @@ def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], An
     model.train()
     losses: list[float] = []
     t0 = time.perf_counter()
-    for step, idx in enumerate(batches):
+    for step, (main, side, weight) in enumerate(plan):
+        idx = main + side
         T = max(lengths[i] for i in idx)
         ids = torch.from_numpy(all_ids[idx, :T]).long()  # (B, T)
         labels = torch.from_numpy(all_labels[idx, :T]).long()  # (B, T)
@@ -285,18 +324,18 @@ def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], An
         tgt = labels[:, 1:]  # (B, T-1)
         ce = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), tgt, ignore_index=-100, reduction="none")
         on = (tgt != -100).float()  # (B, T-1)
-        n_main = len(idx) - (args.arith_replay if step >= args.arith_steps else 0)
-        loss = (ce[:n_main] * on[:n_main]).sum() / on[:n_main].sum().clamp(min=1)
-        if n_main < len(idx):  # the replay rows: their own token mean, weighted
-            loss = loss + args.replay_weight * (ce[n_main:] * on[n_main:]).sum() / on[n_main:].sum().clamp(min=1)
+        n = len(main)
+        loss = (ce[:n] * on[:n]).sum() / on[:n].sum().clamp(min=1)
+        if side:  # the side rows: their own token mean, weighted
+            loss = loss + weight * (ce[n:] * on[n:]).sum() / on[n:].sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
-        if (step + 1) % 100 == 0 or step + 1 == len(batches):
+        if (step + 1) % 100 == 0 or step + 1 == len(plan):
             recent = sum(losses[-100:]) / len(losses[-100:])
-            log(f"step {step + 1}/{len(batches)}  loss {recent:.4f}  lr {_lr_at(step, args):.2e}  "
+            log(f"step {step + 1}/{len(plan)}  loss {recent:.4f}  lr {_lr_at(step, args):.2e}  "
                 f"{time.perf_counter() - t0:.0f}s")
     model.eval()
     return losses
@@ -418,12 +457,12 @@ def build_tiny_model(out: str | Path | None = None, seed: int = 0, steps: int | 
     model = Qwen2ForCausalLM(_config(tok, args.layers, args.hidden, args.intermediate))
     params = sum(p.numel() for p in model.parameters())
     log(f"tiny model: {params / 1e6:.2f}M parameters, vocab {len(tok)}, {args.arith_steps} arithmetic + "
-        f"{args.steps} mixed steps x {args.batch_size} conversations, {torch.get_num_threads()} threads")
+        f"{args.steps} mixed + {args.final_steps} final steps x {args.batch_size} conversations, {torch.get_num_threads()} threads")
     losses = pretrain(model, tok, args, seed, log)
     train_s = time.perf_counter() - t_start
     report = evaluate(model, tok, n=args.eval_questions, seed=seed)
     seconds = time.perf_counter() - t_start
-    info = {"name": MODEL_NAME, "params": params, "seed": seed, "steps": args.arith_steps + args.steps, "train_seconds": round(train_s, 1),
+    info = {"name": MODEL_NAME, "params": params, "seed": seed, "steps": args.arith_steps + args.steps + args.final_steps, "train_seconds": round(train_s, 1),
             "seconds": round(seconds, 1), "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
             "threads": torch.get_num_threads(), "args": asdict(args),
             "accuracy": {k: v for k, v in report.items() if k != "examples"}, "examples": report["examples"]}
