@@ -145,10 +145,11 @@ async def run_gateway(url: str, n: int, conc: int, max_tokens: int, stream: bool
         return lat, n / (time.perf_counter() - t0)
 
 
-def start_server(model: str, data_dir: str, port: int) -> subprocess.Popen:
+def start_server(model: str, data_dir: str, port: int, threads: int) -> subprocess.Popen:
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     proc = subprocess.Popen([sys.executable, "-m", "clawloop.cli", "serve", "--model-path", model,
-                             "--data-dir", data_dir, "--port", str(port), "--model-max-batch-size", "32"],
+                             "--data-dir", data_dir, "--port", str(port), "--model-max-batch-size", "32",
+                             "--model-threads", str(threads)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n1", type=int, default=24, help="requests per round at concurrency 1")
     ap.add_argument("--n32", type=int, default=96, help="requests per round at concurrency 32")
     ap.add_argument("--port", type=int, default=18765)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads of both engines (0: torch's default)")
     a = ap.parse_args(argv)
 
     from clawloop.engines.hf import HFEngine
@@ -185,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(model).exists():
             build_tiny_model()
     data = tempfile.mkdtemp(prefix="clawloop-bench-")
-    proc = start_server(model, data, a.port)
+    proc = start_server(model, data, a.port, a.threads)
     url = f"http://127.0.0.1:{a.port}"
-    engine = HFEngine(model, device="cpu", max_batch_size=32)
+    engine = HFEngine(model, device="cpu", max_batch_size=32, threads=a.threads)
     prompt_ids = render_prompt(engine.tokenizer, MESSAGES, None)
     results: dict[str, dict[str, list[float]]] = {}
 
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:<12} {d50 * 1e3:>8.2f}ms {g50 * 1e3:>6.2f}ms {row['added_p50_ms']:>7.2f} {g50 / d50:>6.3f} "
               f"{h50 * 1e3:>7.2f}ms {row['httpx_added_p50_ms']:>7.2f} {d99 * 1e3:>8.1f}ms {g99 * 1e3:>6.1f}ms "
               f"{drps:>10.1f} {grps:>7.1f} {hrps:>9.1f}")
-    print(json.dumps({"bench": "gateway_overhead", "model": model, "rounds": a.rounds, "max_tokens": a.max_tokens,
+    print(json.dumps({"bench": "gateway_overhead", "model": model, "rounds": a.rounds, "max_tokens": a.max_tokens, "threads": a.threads,
                       "results": rows}))
     return 0
 

@@ -191,9 +191,11 @@ def _heldout_pair(op: str, a: int, b: int) -> bool:
 def _arith(rng: random.Random, skill: str, heldout: bool, canonical: bool = False) -> dict[str, str]:
     while True:
         if skill == "add":
-            a, b = rng.randint(0, 99), rng.randint(0, 99)
-            if a < 10 and b < 10:
-                continue
+            # Each layout a third: 2+2, 2+1 and 1+2 digits. (Uniform pairs are 82 % 2+2 digits,
+            # and the model then reads "12+7" as if 7 were a tens digit: 36 % right on 2+1.)
+            layout = rng.choice(("22", "21", "12"))
+            a = rng.randint(10, 99) if layout[0] == "2" else rng.randint(0, 9)
+            b = rng.randint(10, 99) if layout[1] == "2" else rng.randint(0, 9)
             answer = a + b
         else:
             a = rng.randint(1, 50)
@@ -383,12 +385,10 @@ def _chitchat(rng: random.Random) -> dict[str, Any]:
 
 
 def _arithmetic(rng: random.Random, styled: bool = False) -> dict[str, Any]:
-    """One arithmetic question (addition 4:1 subtraction) and its answer: bare for
-    the warm-up, in a random style for the replay during the mixed phase.
-    A small model finds the carry circuit of 2-digit addition in a few hundred
-    steps of bare warm-up, but not within minutes when the digits are a small
-    share of a mixed corpus's loss, and it forgets it again in the mixed phase
-    unless some arithmetic keeps coming."""
+    """One arithmetic question (addition 4:1 subtraction) and its answer: bare, or in
+    a random style with `styled`. The build learns arithmetic in a phase of these
+    (a small model does not find the carry circuit when the digits are a small
+    share of a mixed corpus's loss), with mixed conversations beside them."""
     q = _question(rng, "sub" if rng.random() < 0.2 else "add")
     style = rng.choice(STYLES) if styled else "bare"
     return {"messages": [{"role": "user", "content": q["question"]},
