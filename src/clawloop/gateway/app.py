@@ -333,10 +333,6 @@ class _Ctx:
             first = {"prompt_token_ids": self.prompt_ids, "policy_version": gw.engine.policy_version}
         tasks: list[asyncio.Task] = []
         try:
-            for c in self.choices:
-                yield self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None, "finish_reason": None}], **first)
-
             async def on_delta(c: _Choice, delta: str, start: int) -> None:
                 await q.put(self._delta_chunk(c, {"content": delta} if delta else {}, start, len(c.ids)))
 
@@ -357,7 +353,11 @@ class _Ctx:
                     await q.put(e)
                     raise
 
+            # Generation starts before the role chunks go out, so the prefill overlaps sending them.
             tasks = [asyncio.create_task(run(c)) for c in self.choices]
+            for c in self.choices:
+                yield self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}], **first)
             remaining = len(tasks)
             while remaining:
                 items = [await q.get()]
