@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["gateway_overhead", "buffer_ingest", "train_vs_trl", "serve_while_training"]
+ORDER = ["gateway_overhead", "buffer_ingest", "train_vs_trl", "serve_while_training", "tiny_model_arithmetic"]
 
 
 def main(argv: list[str]) -> int:

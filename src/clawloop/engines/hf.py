@@ -265,10 +265,6 @@ class HFEngine:
             except RuntimeError:  # the consumers' loop is closed
                 for row, _ in items:
                     row.cancelled = True
-        if by_loop:
-            # Let go of the GIL so the event loop can hand these tokens on now, not
-            # only when the next decode step happens to release it.
-            time.sleep(0)
 
     def _emit(self, row: _Row, ev: TokenEvent | BaseException) -> None:
         try:
