@@ -145,11 +145,11 @@ async def run_gateway(url: str, n: int, conc: int, max_tokens: int, stream: bool
         return lat, n / (time.perf_counter() - t0)
 
 
-def start_server(model: str, data_dir: str, port: int, threads: int) -> subprocess.Popen:
+def start_server(model: str, data_dir: str, port: int, threads: int, admit_wait_ms: float) -> subprocess.Popen:
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     proc = subprocess.Popen([sys.executable, "-m", "clawloop.cli", "serve", "--model-path", model,
                              "--data-dir", data_dir, "--port", str(port), "--model-max-batch-size", "32",
-                             "--model-threads", str(threads)],
+                             "--model-threads", str(threads), "--model-admit-wait-ms", str(admit_wait_ms)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n32", type=int, default=96, help="requests per round at concurrency 32")
     ap.add_argument("--port", type=int, default=18765)
     ap.add_argument("--threads", type=int, default=0, help="torch threads of both engines (0: torch's default)")
+    ap.add_argument("--admit-wait-ms", type=float, default=0.0, help="model.admit_wait_ms of both engines")
     a = ap.parse_args(argv)
 
     from clawloop.engines.hf import HFEngine
@@ -187,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(model).exists():
             build_tiny_model()
     data = tempfile.mkdtemp(prefix="clawloop-bench-")
-    proc = start_server(model, data, a.port, a.threads)
+    proc = start_server(model, data, a.port, a.threads, a.admit_wait_ms)
     url = f"http://127.0.0.1:{a.port}"
-    engine = HFEngine(model, device="cpu", max_batch_size=32, threads=a.threads)
+    engine = HFEngine(model, device="cpu", max_batch_size=32, threads=a.threads, admit_wait_ms=a.admit_wait_ms)
     prompt_ids = render_prompt(engine.tokenizer, MESSAGES, None)
     results: dict[str, dict[str, list[float]]] = {}
 
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{h50 * 1e3:>7.2f}ms {row['httpx_added_p50_ms']:>7.2f} {d99 * 1e3:>8.1f}ms {g99 * 1e3:>6.1f}ms "
               f"{drps:>10.1f} {grps:>7.1f} {hrps:>9.1f}")
     print(json.dumps({"bench": "gateway_overhead", "model": model, "rounds": a.rounds, "max_tokens": a.max_tokens, "threads": a.threads,
+                      "admit_wait_ms": a.admit_wait_ms,
                       "results": rows}))
     return 0
 

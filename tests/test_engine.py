@@ -138,3 +138,45 @@ def test_publish_rejects_wrong_weights(eng):
 
     ids, _, versions, _ = asyncio.run(main())
     assert versions == {0} and ids
+
+
+@pytest.mark.parametrize("wait_ms", [0.0, 60_000.0])
+def test_admit_wait_groups_newcomers(random_model_dir, wait_ms):
+    """While a batch decodes, newcomers arriving 20 ms apart are prefilled one by one
+    (no wait) or together once the batch has room (a long wait): same tokens either way."""
+    from clawloop.engines.hf import HFEngine
+
+    eng = HFEngine(random_model_dir, device="cpu", dtype="float32", max_batch_size=8, admit_wait_ms=wait_ms)
+
+    async def main():
+        await eng.start()
+        try:
+            long = asyncio.create_task(collect(eng, PROMPTS[3], max_tokens=120))  # no early eos on this one
+            for _ in range(5000):
+                if eng.stats()["engine/decode_steps"] >= 1 or long.done():
+                    break
+                await asyncio.sleep(0.001)
+
+            async def late(p, delay):
+                await asyncio.sleep(delay)
+                return await collect(eng, p)
+            out = await asyncio.gather(*(late(p, 0.02 * i) for i, p in enumerate(PROMPTS[:3])))
+            return await long, out
+        finally:
+            await eng.stop()
+
+    (long_ids, *_), out = asyncio.run(main())
+    assert len(long_ids) == 120  # still decoding when the newcomers came
+    if wait_ms == 0:
+        assert eng.prefills > 2  # each newcomer (or nearly) at its own step
+    else:
+        assert eng.prefills == 2  # the long one, then the three together once it finished
+    solo = HFEngine(random_model_dir, device="cpu", dtype="float32")
+
+    async def alone():
+        await solo.start()
+        try:
+            return [await collect(solo, p) for p in PROMPTS[:3]]
+        finally:
+            await solo.stop()
+    assert [o[0] for o in out] == [a[0] for a in asyncio.run(alone())]

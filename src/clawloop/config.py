@@ -55,6 +55,8 @@ class ModelConfig:
     dtype: str = opt("auto", "Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16.",
                      choices=("auto", "float32", "bfloat16", "float16"))
     max_batch_size: int = opt(32, "Most sequences the hf engine decodes in one batch.")
+    admit_wait_ms: float = opt(0.0, "While the hf engine decodes a batch, how long new requests may wait to be "
+                                    "prefilled together (0: at the next step).")
     max_model_len: int = opt(2048, "Longest prompt + completion, in tokens; longer prompts get a 400.")
     threads: int = opt(0, "torch threads for the hf engine (0: leave torch's default).")
 
@@ -412,6 +414,7 @@ def validate(cfg: Config) -> None:
     need(0 < cfg.serve.port < 65536, "serve.port", f"must be 1..65535, got {cfg.serve.port}")
     need(0 < cfg.buffer.port < 65536, "buffer.port", f"must be 1..65535, got {cfg.buffer.port}")
     need(cfg.model.max_batch_size >= 1, "model.max_batch_size", "must be >= 1")
+    need(cfg.model.admit_wait_ms >= 0, "model.admit_wait_ms", "must be >= 0")
     need(cfg.judge.majority_vote_n >= 1, "judge.majority_vote_n", "must be >= 1")
     need(0.0 < cfg.judge.majority_vote_threshold <= 1.0, "judge.majority_vote_threshold", "must be in (0, 1]")
     need(cfg.judge.num_workers >= 1, "judge.num_workers", "must be >= 1")

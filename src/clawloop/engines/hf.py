@@ -101,7 +101,7 @@ class HFEngine:
 
     def __init__(self, model_path: str | Path, *, device: str = "auto", dtype: str = "auto",
                  max_batch_size: int = 32, max_model_len: int = 2048, threads: int = 0,
-                 policy_version: int = 0):
+                 policy_version: int = 0, admit_wait_ms: float = 0.0):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_path = str(model_path)
@@ -110,6 +110,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.threads = threads
+        self.admit_wait_s = admit_wait_ms / 1000.0
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
         model.to(self.device).eval()
@@ -136,6 +137,7 @@ class HFEngine:
         # Counters for /metrics and benchmarks.
         self.tokens_generated = 0
         self.steps = 0
+        self.prefills = 0
         self.publishes = 0
         self.last_publish_s = 0.0
 
@@ -151,6 +153,7 @@ class HFEngine:
                 f"model.path: {path} does not exist (build the tiny model with `clawloop tiny-model`, "
                 "or pass --model-path)")
         return cls(path, device=cfg.model.device, dtype=cfg.model.dtype, max_batch_size=cfg.model.max_batch_size,
+                   admit_wait_ms=cfg.model.admit_wait_ms,
                    max_model_len=cfg.model.max_model_len, threads=cfg.model.threads)
 
     # -- protocol --------------------------------------------------------
@@ -223,6 +226,7 @@ class HFEngine:
             "engine/cohorts": float(len(self._cohorts)),
             "engine/tokens_generated": float(self.tokens_generated),
             "engine/decode_steps": float(self.steps),
+            "engine/prefills": float(self.prefills),
             "engine/publishes": float(self.publishes),
             "engine/last_publish_s": self.last_publish_s,
             "engine/policy_version": float(self.policy_version),
@@ -317,7 +321,10 @@ class HFEngine:
     def _step_cohort(self, c: _Cohort) -> bool:
         c.waiting = [r for r in c.waiting if not r.cancelled]
         room = self.max_batch_size - len(c.rows)
-        if c.waiting and room > 0:
+        # While a batch decodes, newcomers may wait up to `admit_wait_s` to be prefilled
+        # together: each prefill is a forward of its own beside the decode step.
+        if c.waiting and room > 0 and (not c.rows or len(c.waiting) >= room
+                                       or time.perf_counter() - c.waiting[0].submitted_at >= self.admit_wait_s):
             newcomers, c.waiting = c.waiting[:room], c.waiting[room:]
             self._prefill(c, newcomers)
         if not c.rows:
@@ -344,6 +351,7 @@ class HFEngine:
             mask[i, L - n:] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
         cache = DynamicCache(config=c.model.config)
+        self.prefills += 1
         logits = self._forward(c.model, ids.to(self.device), mask.to(self.device), positions.to(self.device), cache)
         for i, r in enumerate(rows):
             r.n_real = lens[i]
