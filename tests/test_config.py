@@ -82,11 +82,25 @@ def test_bad_values_name_the_key():
         load_config({}, env={"MAJORITY_VOTE_THRESHOLD": "2"})
 
 
-def test_refused_names_say_what_to_use():
-    with pytest.raises(ConfigError, match="--use-lora"):
-        load_config(flags("--offload-optimizer-state"), env={})
-    with pytest.raises(ConfigError, match="TRAIN_GPUS"):
-        load_config({}, env={"TRAIN_GPUS": "0,1"})
+def test_device_placement_names():
+    cfg = load_config(flags("--offload-optimizer-state", "--train-device", "cuda:1"),
+                      env={"TRAIN_GPUS": "0,1", "ROLLOUT_GPUS": "2,3"})
+    assert cfg.train.offload_optimizer_state and cfg.train.device == "cuda:1"
+    assert cfg.train.train_gpus == ["0", "1"] and cfg.train.rollout_gpus == ["2", "3"]
+    with pytest.raises(ConfigError, match="train.train_gpus"):
+        load_config({}, env={"TRAIN_GPUS": "gpu0"})
+    with pytest.raises(ConfigError, match="train.device"):
+        load_config(flags("--train-device", "tpu"), env={})
+
+
+def test_engine_names():
+    cfg = load_config(flags("--backend", "vllm", "--engine-url", "http://127.0.0.1:9001", "--engine-url",
+                            "http://127.0.0.1:9002"), env={})
+    assert cfg.model.engine_urls == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    with pytest.raises(ConfigError, match="model.engine_urls"):
+        load_config(flags("--engine-url", "http://127.0.0.1:9001"), env={})
+    with pytest.raises(ConfigError, match="sglang"):
+        load_config(flags("--backend", "sglang"), env={})
 
 
 def test_write_resolved_masks_keys(tmp_path):

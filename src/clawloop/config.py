@@ -59,6 +59,25 @@ class ModelConfig:
                                     "prefilled together (0: at the next step).")
     max_model_len: int = opt(2048, "Longest prompt + completion, in tokens; longer prompts get a 400.")
     threads: int = opt(0, "torch threads for the hf engine (0: leave torch's default).")
+    engine_urls: list = opt([], "vLLM servers someone else runs (repeatable): attach instead of starting one; "
+                            "started with VLLM_SERVER_DEV_MODE=1 and --enable-scale-out for token ids and publishes.",
+                            flags=("--engine-url",))
+    engine_replicas: int = opt(1, "vLLM servers to start (--backend vllm); sessions are spread over them.",
+                               flags=("--engine-replicas",))
+    vllm_python: str = opt("", "Python of the vLLM environment (default: .venv-vllm/bin/python from `make vllm`).",
+                           flags=("--vllm-python",), env=("VLLM_PYTHON",))
+    vllm_args: list = opt([], "Extra arguments for the vLLM server, e.g. --vllm-args=--enforce-eager (repeatable).",
+                          flags=("--vllm-args",))
+    gpu_memory_utilization: float = opt(0.0, "vLLM's share of GPU memory (0: vLLM's default; lower it to colocate "
+                                             "the trainer on the same GPU).", flags=("--gpu-memory-utilization",))
+    kv_cache_gib: float = opt(1.0, "KV cache size of a CPU vLLM server (VLLM_CPU_KVCACHE_SPACE), GiB.")
+    start_timeout_s: float = opt(900.0, "How long a started vLLM server may take to become healthy.")
+    request_timeout_s: float = opt(600.0, "Longest a vLLM generation may stay silent before it is treated as hung.")
+    health_interval_s: float = opt(2.0, "How often vLLM replicas are health-checked.")
+    max_restarts: int = opt(5, "Restarts of a crashed vLLM replica (with backoff) before it is given up.")
+    keep_weights: int = opt(3, "Published weight folders kept under DATA_DIR/weights (vLLM full-weight publish).")
+    sleep_while_training: bool = opt(False, "Colocated on one GPU: put vLLM to sleep during each train step "
+                                            "(requests wait, none is refused).", flags=("--colocate",))
 
 
 @dataclass
@@ -148,6 +167,14 @@ class TrainConfig:
     publish_interval: int = opt(1, "Publish weights to the engine every N steps.")
     threads: int = opt(1, "torch threads the trainer may use (protects serving on small machines).")
     seed: int = opt(1234, "Trainer seed.", flags=("--seed",))
+    device: str = opt("auto", "Trainer device: auto (cuda when available), cpu, cuda, cuda:N.",
+                      flags=("--train-device",))
+    train_gpus: list = opt([], "GPU ids for the trainer, e.g. 0,1 (the first is used; with ROLLOUT_GPUS).",
+                           env=("TRAIN_GPUS",))
+    rollout_gpus: list = opt([], "GPU ids for the engine replicas, one replica per id unless --engine-replicas.",
+                             env=("ROLLOUT_GPUS",))
+    offload_optimizer_state: bool = opt(False, "Keep AdamW state in CPU memory (GPU memory for big models).",
+                                        flags=("--offload-optimizer-state",))
     custom_loss_function_path: str = opt("", "Custom loss: file.py:fn or pkg.module:fn.",
                                          flags=("--custom-loss-function-path",))
 
@@ -178,9 +205,6 @@ class Config:
 
 # Names users of other tools type that we deliberately do not implement.
 REFUSED = {
-    "--offload-optimizer-state": "optimizer offload is not implemented; use --use-lora to cut optimizer memory",
-    "TRAIN_GPUS": "device placement is not configurable yet; the hf engine uses --device",
-    "ROLLOUT_GPUS": "device placement is not configurable yet; the hf engine uses --device",
 }
 
 ENV_FLAG_STRINGS = ("ROLLOUT_ARGS", "OPTIMIZER_ARGS", "LORA_ARGS", "CKPT_ARGS")
@@ -426,6 +450,17 @@ def validate(cfg: Config) -> None:
          "--source buffer needs --buffer-url")
     need(0.0 <= cfg.buffer.min_group_ratio <= 1.0, "buffer.min_group_ratio", "must be in [0, 1]")
     need(cfg.serve.max_body_bytes > 0, "serve.max_body_bytes", "must be > 0")
+    need(cfg.model.engine_replicas >= 1, "model.engine_replicas", "must be >= 1")
+    need(not cfg.model.engine_urls or cfg.model.backend == "vllm", "model.engine_urls",
+         "--engine-url attaches to vLLM servers: it needs --backend vllm")
+    need(cfg.model.backend != "sglang", "model.backend",
+         "sglang is not implemented yet; use --backend vllm (real models) or hf")
+    need(0.0 <= cfg.model.gpu_memory_utilization < 1.0, "model.gpu_memory_utilization", "must be in [0, 1)")
+    dev = cfg.train.device
+    need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()), "train.device",
+         f"must be auto, cpu, cuda or cuda:N, got {dev!r}")
+    for key, ids in (("train.train_gpus", cfg.train.train_gpus), ("train.rollout_gpus", cfg.train.rollout_gpus)):
+        need(all(str(i).isdigit() for i in ids), key, f"must be GPU ids like 0,1,2, got {','.join(map(str, ids))!r}")
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -37,6 +37,10 @@ class Turn:
     tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str = "stop"
     policy_version: int = 0
+    """The version that produced the first response token (the oldest, when a publish fell mid-response)."""
+    response_versions: list[int] | None = None
+    """Version of the weights that produced each response id (one per id); None: all `policy_version`.
+    Differs within a turn only when an engine swapped weights mid-response (vLLM pause/reload/resume)."""
     next_state: dict[str, Any] | None = None
     """`{"role", "content"}` of what followed: the user's reply or the tool result."""
     final: bool = False

@@ -1,8 +1,10 @@
 """Inference engines behind the gateway: token ids in, (token id, logprob) out."""
 
-from clawloop.engines.base import Engine, GenerationRequest, SamplingParams, TokenEvent
+from clawloop.engines.base import (Engine, EngineUnavailable, GenerationRequest, LoraAdapter, SamplingParams,
+                                   TokenEvent)
 
-__all__ = ["Engine", "GenerationRequest", "SamplingParams", "TokenEvent", "make_engine"]
+__all__ = ["Engine", "EngineUnavailable", "GenerationRequest", "LoraAdapter", "SamplingParams", "TokenEvent",
+           "make_engine"]
 
 
 def make_engine(cfg) -> Engine:

@@ -35,6 +35,8 @@ class GenerationRequest:
     prompt_ids: list[int]
     params: SamplingParams
     request_id: str = ""
+    session_id: str | None = None
+    """Routing key: engines with several replicas keep a session on one (warm prefix cache)."""
 
 
 @dataclass
@@ -46,7 +48,30 @@ class TokenEvent:
     finish_reason: str | None = None
     """`stop` (eos / stop id) or `length` on the last event; None before."""
     policy_version: int = 0
-    """The version of the weights that produced this token."""
+    """The version of the weights that produced this token (as far as known when it is emitted)."""
+    version_spans: list[tuple[int, int, int]] | None = None
+    """On the last event only, from engines that swap weights under running requests (vLLM):
+    authoritative `(start, end, version)` spans over the response's token indexes; they override
+    the per-event `policy_version`s."""
+
+
+@dataclass
+class LoraAdapter:
+    """A LoRA adapter to publish as is (engines that hot-load adapters: vLLM); other engines get
+    the merged full weights instead. `state_dict` uses peft's saved names; `config` is peft's
+    `adapter_config.json` content."""
+
+    state_dict: Mapping[str, Any]
+    config: dict[str, Any]
+
+
+class EngineUnavailable(RuntimeError):
+    """No replica can take the request right now (starting, crashed, restarting). The gateway
+    answers 503 with `Retry-After`; nothing is captured for the request."""
+
+    def __init__(self, message: str, retry_after_s: float = 5.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @runtime_checkable
@@ -65,8 +90,9 @@ class Engine(Protocol):
         """Stream the sampled tokens. Cancelling the consumer aborts the request."""
         ...
 
-    async def publish(self, weights: Mapping[str, Any] | str, version: int) -> None:
-        """Serve `weights` (a state dict of full weights, or a HF folder path) as `version`."""
+    async def publish(self, weights: Mapping[str, Any] | str | LoraAdapter, version: int) -> None:
+        """Serve `weights` (a state dict of full weights, a HF folder path, or a `LoraAdapter`
+        where `accepts_lora_adapters` is true) as `version`."""
         ...
 
     def stats(self) -> dict[str, float]: ...
