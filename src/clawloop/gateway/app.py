@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clawloop.engines.base import Engine, GenerationRequest, SamplingParams, TokenEvent
+from clawloop.engines.base import Engine, EngineUnavailable, GenerationRequest, SamplingParams, TokenEvent
 from clawloop.gateway.capture import Capture, TurnSlot
 from clawloop.gateway.metrics import Metrics
 from clawloop.gateway.protocol import APIError, ChatRequest, parse_chat_request, parse_json_body
@@ -67,6 +67,8 @@ class _Choice:
     text: TextStream
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """The weight version of each sampled id (engines that swap weights mid-response differ within one)."""
     tops: list[list[tuple[int, float]] | None] = field(default_factory=list)
     finish_reason: str | None = None
     version: int | None = None
@@ -166,6 +168,10 @@ class Gateway:
                                  seed=None if req.seed is None else req.seed + i,
                                  top_logprobs=req.top_logprobs) for i in range(req.n)]
         ctx = _Ctx(self, req, rid, prompt_ids, choices, params, slot, sid, turn_type, use_tools, t0)
+        if not getattr(self.engine, "available", True):
+            if slot is not None:
+                self.capture.abandon(slot)
+            raise unavailable_error(EngineUnavailable("no inference engine replica is available; retry shortly"))
         if req.stream:
             return StreamingResponse(ctx.stream(), media_type="text/event-stream",
                                      headers={"X-Policy-Version": str(self.engine.policy_version),
@@ -205,8 +211,14 @@ class _Ctx:
         if ev.token_id is not None:
             c.ids.append(ev.token_id)
             c.logprobs.append(ev.logprob)
+            c.versions.append(ev.policy_version)
             c.tops.append(ev.top_logprobs)
             delta = c.detok.push(ev.token_id)
+        if ev.version_spans:
+            for start, end, v in ev.version_spans:  # the engine's own account overrides what we saw live
+                for k in range(max(0, start), min(end, len(c.versions))):
+                    c.versions[k] = v
+            c.version = c.versions[0] if c.versions else c.version
         if ev.finish_reason is not None:
             c.finish_reason = ev.finish_reason
             delta += c.detok.flush()
@@ -233,7 +245,8 @@ class _Ctx:
 
     async def run_choice(self, c: _Choice, on_delta: Callable[[_Choice, str, int], Any] | None = None) -> None:
         n_before = 0
-        agen = self.gw.engine.generate(GenerationRequest(self.prompt_ids, self.params[c.index], self.rid))
+        agen = self.gw.engine.generate(GenerationRequest(self.prompt_ids, self.params[c.index], self.rid,
+                                                         session_id=self.sid))
         try:
             async for ev in agen:
                 delta = self.on_event(c, ev)
@@ -252,13 +265,16 @@ class _Ctx:
         self.captured = True
         turns = []
         for c in self.choices:
+            first = c.version if c.version is not None else self.gw.engine.policy_version
+            mixed = any(v != first for v in c.versions)
             turns.append(Turn(
                 session_id=self.slot.session_id, index=self.slot.index, type=self.turn_type,
                 messages=self.req.messages, tools=self.req.tools if self.use_tools else None,
                 prompt_ids=list(self.prompt_ids), response_ids=list(c.ids), response_logprobs=list(c.logprobs),
                 response_text=c.content if c.content is not None else c.text.text,
                 tool_calls=c.tool_calls or None, finish_reason="abort" if aborted else (c.finish_reason or "stop"),
-                policy_version=c.version if c.version is not None else self.gw.engine.policy_version,
+                policy_version=min(c.versions) if mixed else first,
+                response_versions=list(c.versions) if mixed else None,
                 trainable=self.turn_type == TURN_MAIN and not aborted,
                 request_id=self.rid, choice_index=c.index,
             ))
@@ -292,6 +308,9 @@ class _Ctx:
             for c in self.choices:
                 self.finalize(c)
             self.capture()
+        except EngineUnavailable as e:
+            self.abandon()
+            raise unavailable_error(e) from e
         except BaseException:
             self.abandon()
             raise
@@ -388,10 +407,16 @@ class _Ctx:
                 self.abandon()
             raise
         except Exception as e:
-            status = 500
-            log.exception("stream failed")
-            self.abandon()
-            err = APIError(500, f"generation failed: {e}")
+            if isinstance(e, EngineUnavailable):
+                status, err = 503, unavailable_error(e)
+                log.warning("stream ended: %s", e)
+            else:
+                status, err = 500, APIError(500, "generation failed; see the server log", code="internal_error")
+                log.exception("stream failed")
+            if any(c.ids for c in self.choices):
+                self.capture(aborted=True)  # what was streamed is kept (untrainable), never lost silently
+            else:
+                self.abandon()
             yield f"data: {json.dumps(err.body())}\n\n"
         finally:
             for t in tasks:
@@ -408,6 +433,11 @@ class _Ctx:
             ch["token_ids"] = c.ids[start:end]
             ch["token_logprobs"] = c.logprobs[start:end]
         return self._chunk([ch])
+
+
+def unavailable_error(e: EngineUnavailable) -> APIError:
+    return APIError(503, f"The model is temporarily unavailable: {e}", code="engine_unavailable",
+                    headers={"Retry-After": str(max(1, int(round(e.retry_after_s))))})
 
 
 def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: list[StatsFn] | None = None,
@@ -445,7 +475,7 @@ def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: lis
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
         gw.metrics.observe_request(e.status, 0.0, 0)
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -472,9 +502,12 @@ def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: lis
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        return JSONResponse({"status": "ok", "policy_version": engine.policy_version,
-                             "inflight": gw.inflight},
-                            headers={"X-Policy-Version": str(engine.policy_version)})
+        body: dict[str, Any] = {"status": "ok", "policy_version": engine.policy_version, "inflight": gw.inflight}
+        if hasattr(engine, "health"):  # engines with replicas: each one's state; degraded when one is down
+            body.update(engine.health())
+            body["policy_version"] = engine.policy_version
+        code = 503 if body["status"] == "unavailable" else 200
+        return JSONResponse(body, status_code=code, headers={"X-Policy-Version": str(engine.policy_version)})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -23,9 +23,10 @@ class APIError(Exception):
     """An error the API returns as `{"error": {"message", "type", "param", "code"}}`."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None):
+                 type: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
+        self.headers = headers or {}
         self.message = message
         self.param = param
         self.code = code

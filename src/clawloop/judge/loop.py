@@ -108,15 +108,19 @@ def make_judge(cfg: Any, engine: Any = None) -> Judge:
 
 
 def _frozen_engine(cfg: Any) -> Any:
-    """A frozen HFEngine: `--judge-model` when it is a local folder, else the base model."""
+    """A frozen engine of the served backend (`--judge-model` when it is a local folder, else the
+    base model) that no publish ever reaches: with vLLM a server of its own, one replica, no LoRA."""
     import copy
 
-    from clawloop.engines.hf import HFEngine
+    from clawloop.engines import make_engine
 
     c = copy.deepcopy(cfg)
     if cfg.judge.model and Path(cfg.judge.model).is_dir():
         c.model.path = cfg.judge.model
-    return HFEngine.from_config(c)
+    c.model.engine_urls, c.model.engine_replicas = [], 1
+    c.train.use_lora, c.model.sleep_while_training = False, False
+    c.data_dir = str(Path(cfg.data_dir) / "judge-engine")
+    return make_engine(c)
 
 
 class JudgeLoop:

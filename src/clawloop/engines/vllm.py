@@ -1,0 +1,856 @@
+"""The vLLM engine: one or more vLLM servers behind the `Engine` protocol.
+
+    engine = VLLMEngine.from_config(cfg)     # --backend vllm [--engine-replicas N | --engine-url URL ...]
+    await engine.start()                     # starts (or attaches to) the servers, waits until healthy
+
+vLLM runs in its own environment (`make vllm` → `.venv-vllm`: it pins its
+own torch/transformers) and its own processes. clawloop either starts each
+replica as a child (`vllm_launch.py`: own process group, parent-death signal,
+so no orphaned vLLM even after `kill -9` of clawloop) or attaches to servers
+someone else runs (`--engine-url`, started with `VLLM_SERVER_DEV_MODE=1
+--enable-scale-out --logprobs-mode raw_logprobs`).
+
+Generation goes through vLLM's token-in/token-out endpoint
+(`/inference/v1/generate`): the gateway's prompt ids go in as ids, sampled ids
+stream back one by one with their logprobs and top logprobs *by id*; nothing
+is rendered or tokenized on either side. `--logprobs-mode raw_logprobs` makes
+the logprobs those of the unmodified distribution (temperature 1, no top-p),
+the hf engine's contract and what the trainer recomputes. Closing the stream
+aborts the request in vLLM.
+
+Publishing full weights: the state dict is written as safetensors under
+`DATA_DIR/weights/vN` (last `--model-keep-weights` kept), then on every replica
+`/pause?mode=keep` (running requests freeze in place, none fails) →
+`reload_weights(weights_path)` → `/update_weight_version N` → reset the prefix
+cache (its KV was computed by the old weights) → `/resume`. A request that
+spans a publish finishes on the new weights; vLLM reports which output
+tokens came from which weight version, and those spans reach the gateway on
+the last event so every captured token carries its own version.
+
+Publishing LoRA (`--use-lora`): the adapter is written as a peft folder and
+loaded with `/v1/load_lora_adapter` under a per-version name; new requests
+use the newest adapter, an old one is unloaded once its last request ends.
+A request never changes adapter, so its tokens share one version.
+
+Replicas: each session sticks to one replica (rendezvous hashing over the
+healthy ones, so its prefix cache stays warm and a lost replica moves only
+its own sessions); requests without a session go to the least busy replica.
+A monitor checks every replica; a started replica that exits or stops
+answering is restarted with bounded exponential backoff and brought back to
+the current weights before it takes traffic. While no replica is up, requests
+get `EngineUnavailable` (the gateway's 503 with Retry-After), never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Mapping
+
+from clawloop.config import ConfigError
+from clawloop.engines.base import EngineUnavailable, GenerationRequest, LoraAdapter, TokenEvent
+
+log = logging.getLogger(__name__)
+
+LAUNCHER = Path(__file__).with_name("vllm_launch.py")
+BASE_NAME = "clawloop-base"
+"""The name the base model is served under; LoRA versions are `clawloop-vN`."""
+UNHEALTHY_AFTER = 3
+"""Consecutive failed health checks before a replica counts as down (hung)."""
+STOP_GRACE_S = 20.0
+
+
+class VLLMNotInstalled(ConfigError):
+    """The vLLM environment is missing: a one-line error that says how to get it."""
+
+
+def find_vllm_python(explicit: str = "") -> Path:
+    """The vLLM environment's Python: `--vllm-python`, else `.venv-vllm` in the
+    working directory or beside the environment clawloop runs in."""
+    if explicit:
+        p = Path(explicit)
+        if not p.exists():
+            raise VLLMNotInstalled(f"model.vllm_python: {p} does not exist (run `make vllm` to create "
+                                   ".venv-vllm, or point --vllm-python at a Python that has vLLM)")
+        return p
+    candidates = [Path.cwd() / ".venv-vllm" / "bin" / "python",
+                  Path(sys.prefix).parent / ".venv-vllm" / "bin" / "python"]
+    for c in candidates:
+        if c.exists():
+            return c
+    raise VLLMNotInstalled(f"--backend vllm: no vLLM environment at {candidates[0].parent.parent}: "
+                           "run `make vllm` (or pass --vllm-python PATH)")
+
+
+def _has_cuda() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
+class VLLMProcess:
+    """One vLLM server started by us: its own process group, log file, and stop."""
+
+    def __init__(self, python: Path, args: list[str], env: dict[str, str], log_path: Path):
+        self.python, self.args, self.env, self.log_path = python, args, env, log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [str(self.python), str(LAUNCHER), str(os.getpid()), "--", *self.args],
+                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
+                start_new_session=True, close_fds=True)
+        finally:
+            logf.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def exited(self) -> int | None:
+        """The exit code once the server process has exited, else None."""
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM to the process group (vLLM and its engine/worker processes), SIGKILL after `grace_s`."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid  # start_new_session: the group id is the child's pid
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # whatever is left of the group (engine core, workers)
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            log.error("vLLM process %d did not exit after SIGKILL", pgid)
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+
+@dataclass
+class Replica:
+    index: int
+    url: str
+    process: VLLMProcess | None = None
+    """None for a server someone else runs (`--engine-url`): never restarted by us."""
+    state: str = "starting"
+    """starting · up · down · restarting · failed"""
+    restarts: int = 0
+    failures: int = 0
+    last_error: str = ""
+    inflight: int = 0
+    requests: int = 0
+    version: int = 0
+    """The weight version this replica serves to new requests."""
+    restart_task: asyncio.Task | None = None
+
+    @property
+    def name(self) -> str:
+        return f"replica{self.index}"
+
+    def health(self) -> dict[str, Any]:
+        return {"name": self.name, "url": self.url, "state": self.state, "policy_version": self.version,
+                "inflight": self.inflight, "requests": self.requests, "restarts": self.restarts,
+                "managed": self.process is not None, "pid": self.process.pid if self.process else None,
+                "last_error": self.last_error or None}
+
+
+@dataclass
+class _Adapter:
+    name: str
+    version: int
+    path: str
+    inflight: int = 0
+
+
+@dataclass
+class _Stats:
+    tokens: int = 0
+    requests: int = 0
+    retries: int = 0
+    publishes: int = 0
+    publish_failures: int = 0
+    last_publish_s: float = 0.0
+    last_pause_s: float = 0.0
+    restarts: int = 0
+    unavailable: int = 0
+    mixed_version_responses: int = 0
+    adapters_unloaded: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class VLLMEngine:
+    """vLLM servers behind the Engine protocol; see the module docstring."""
+
+    accepts_lora_adapters = True
+
+    def __init__(self, model_path: str | Path, *, urls: list[str] | None = None, replicas: int = 1,
+                 python: Path | None = None, data_dir: str | Path = "./clawloop-data", max_model_len: int = 2048,
+                 dtype: str = "auto", lora_rank: int = 0, gpu_memory_utilization: float = 0.0,
+                 kv_cache_gib: float = 1.0, extra_args: list[str] | None = None, gpus: list[str] | None = None,
+                 sleep_mode: bool = False, start_timeout_s: float = 900.0, request_timeout_s: float = 600.0,
+                 health_interval_s: float = 2.0, max_restarts: int = 5, keep_weights: int = 3,
+                 policy_version: int = 0, max_logprobs: int = 20):
+        from transformers import AutoTokenizer
+
+        self.model_path = str(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.data_dir = Path(data_dir)
+        self.weights_dir = self.data_dir / "weights"
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        self.lora_rank = lora_rank
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.kv_cache_gib = kv_cache_gib
+        self.extra_args = list(extra_args or [])
+        self.gpus = list(gpus or [])
+        self.sleep_mode = sleep_mode
+        self.start_timeout_s = start_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.health_interval_s = health_interval_s
+        self.max_restarts = max_restarts
+        self.keep_weights = max(1, keep_weights)
+        self.max_logprobs = max_logprobs
+        self.python = python
+        self._version = policy_version
+        self._weights_path: str | None = None
+        """The folder of the weights now served (None: the base model at `model_path`)."""
+        self._adapter: _Adapter | None = None
+        self._old_adapters: list[_Adapter] = []
+        if urls:
+            self.replicas = [Replica(i, u.rstrip("/")) for i, u in enumerate(urls)]
+            self.managed = False
+        else:
+            self.replicas = [Replica(i, "") for i in range(max(1, replicas))]
+            self.managed = True
+        self.eos_token_ids = self._eos_ids()
+        self.stats_ = _Stats()
+        self._client: Any = None
+        self._monitor: asyncio.Task | None = None
+        self._publish_lock: asyncio.Lock | None = None
+        self._awake: asyncio.Event | None = None
+        self._running = False
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "VLLMEngine":
+        m = cfg.model
+        path = m.path
+        if not path:
+            from clawloop.tinymodel.build import default_model_dir
+
+            path = str(default_model_dir())
+        if not Path(path).exists():
+            raise FileNotFoundError(f"model.path: {path} does not exist (a local HF folder: vLLM here never "
+                                    "downloads; build the tiny model with `clawloop tiny-model`)")
+        python = None if m.engine_urls else find_vllm_python(m.vllm_python)
+        gpus = list(cfg.train.rollout_gpus)
+        replicas = m.engine_replicas
+        if gpus and replicas == 1 and len(gpus) > 1:
+            replicas = len(gpus)  # one replica per rollout GPU unless told otherwise
+        return cls(path, urls=list(m.engine_urls), replicas=replicas, python=python, data_dir=cfg.data_dir,
+                   max_model_len=m.max_model_len, dtype=m.dtype,
+                   lora_rank=cfg.train.lora_rank if cfg.train.use_lora else 0,
+                   gpu_memory_utilization=m.gpu_memory_utilization, kv_cache_gib=m.kv_cache_gib,
+                   extra_args=list(m.vllm_args), gpus=gpus, sleep_mode=m.sleep_while_training,
+                   start_timeout_s=m.start_timeout_s, request_timeout_s=m.request_timeout_s,
+                   health_interval_s=m.health_interval_s, max_restarts=m.max_restarts,
+                   keep_weights=m.keep_weights)
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gc = Path(self.model_path) / "generation_config.json"
+        if gc.exists():
+            e = json.loads(gc.read_text()).get("eos_token_id")
+            ids.update([int(e)] if isinstance(e, int) else [int(x) for x in (e or [])])
+        return frozenset(ids)
+
+    # -- protocol ----------------------------------------------------------------
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    async def start(self) -> None:
+        if self._running:
+            return
+        import httpx
+
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=5.0, read=self.request_timeout_s, write=30.0, pool=30.0),
+            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512))
+        self._publish_lock = asyncio.Lock()
+        self._awake = asyncio.Event()
+        self._awake.set()
+        try:
+            if self.managed:
+                for r in self.replicas:
+                    self._spawn(r)
+            await asyncio.gather(*(self._wait_healthy(r, self.start_timeout_s, first=True) for r in self.replicas))
+            for r in self.replicas:
+                await self._bring_to_current(r)
+                r.state = "up"
+        except BaseException:
+            await self._shutdown_processes()
+            await self._client.aclose()
+            raise
+        self._running = True
+        self._monitor = asyncio.create_task(self._monitor_loop())
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._monitor is not None:
+            self._monitor.cancel()
+            await asyncio.gather(self._monitor, return_exceptions=True)
+        for r in self.replicas:
+            if r.restart_task is not None:
+                r.restart_task.cancel()
+        await self._shutdown_processes()
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def _shutdown_processes(self) -> None:
+        procs = [r.process for r in self.replicas if r.process is not None]
+        await asyncio.gather(*(asyncio.to_thread(p.stop) for p in procs))
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        if not self._running:
+            raise RuntimeError("engine is not started")
+        if not request.prompt_ids:
+            raise ValueError("empty prompt")
+        if not self._awake.is_set():  # colocated training: wait for the wake-up, never refuse
+            await self._awake.wait()
+        tried: set[int] = set()
+        while True:
+            replica = self._route(request.session_id, tried)
+            adapter = self._adapter
+            emitted = 0
+            replica.inflight += 1
+            replica.requests += 1
+            if adapter is not None:
+                adapter.inflight += 1
+            try:
+                async for ev in self._stream(replica, request, adapter):
+                    emitted += 1
+                    yield ev
+                return
+            except EngineUnavailable:
+                # Nothing sent yet: the request can go to another replica unseen by the client.
+                if emitted == 0 and any(r.state == "up" and r.index not in tried | {replica.index}
+                                        for r in self.replicas):
+                    tried.add(replica.index)
+                    self.stats_.retries += 1
+                    continue
+                raise
+            finally:
+                replica.inflight -= 1
+                if adapter is not None:
+                    adapter.inflight -= 1
+                    if adapter is not self._adapter and adapter.inflight == 0:
+                        self._schedule_unload(adapter)
+
+    def _route(self, session_id: str | None, exclude: set[int]) -> Replica:
+        up = [r for r in self.replicas if r.state == "up" and r.index not in exclude]
+        if not up:
+            self.stats_.unavailable += 1
+            states = ", ".join(f"{r.name} {r.state}" for r in self.replicas)
+            raise EngineUnavailable(f"no inference engine replica is available ({states}); retry shortly",
+                                    retry_after_s=5.0)
+        if session_id:
+            def score(r: Replica) -> bytes:
+                return hashlib.blake2b(f"{session_id}\0{r.index}".encode(), digest_size=8).digest()
+
+            return max(up, key=score)
+        return min(up, key=lambda r: (r.inflight, r.index))
+
+    async def _stream(self, r: Replica, request: GenerationRequest,
+                      adapter: _Adapter | None) -> AsyncIterator[TokenEvent]:
+        import httpx
+
+        p = request.params
+        k = max(0, min(p.top_logprobs, self.max_logprobs))
+        sp: dict[str, Any] = {"temperature": p.temperature, "top_p": p.top_p, "max_tokens": p.max_tokens,
+                              "stop_token_ids": sorted(set(p.stop_token_ids) | self.eos_token_ids),
+                              # vLLM lists the sampled id first, then ranks 1.., k+1 entries in all
+                              "logprobs": k + 1 if k else 0, "detokenize": False,
+                              "skip_special_tokens": False}
+        if p.seed is not None:
+            sp["seed"] = int(p.seed)
+        body: dict[str, Any] = {"token_ids": list(request.prompt_ids), "sampling_params": sp, "stream": True}
+        if adapter is not None:
+            body["model"] = adapter.name
+        if request.request_id:
+            body["request_id"] = f"{request.request_id}-{os.urandom(4).hex()}"
+        version_at_start = adapter.version if adapter is not None else r.version
+        n = 0
+        try:
+            async with self._client.stream("POST", r.url + "/inference/v1/generate", json=body) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")[:500]
+                    if resp.status_code >= 500 or resp.status_code in (404, 409, 503):
+                        raise EngineUnavailable(f"{r.name}: HTTP {resp.status_code}: {text}")
+                    raise ValueError(f"vLLM refused the request: HTTP {resp.status_code}: {text}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    if data == "[DONE]":
+                        break
+                    msg = json.loads(data)
+                    if "error" in msg and "choices" not in msg:
+                        raise EngineUnavailable(f"{r.name}: {msg['error']}")
+                    for ch in msg.get("choices") or []:
+                        for ev in self._events(ch, r, adapter, version_at_start, n, k):
+                            n += 1 if ev.token_id is not None else 0
+                            yield ev
+        except (httpx.TransportError, httpx.StreamError) as e:
+            self._suspect(r, e)
+            raise EngineUnavailable(f"{r.name} failed mid-request: {type(e).__name__}: {e}") from e
+
+    def _events(self, ch: dict[str, Any], r: Replica, adapter: _Adapter | None, v0: int, n0: int,
+                k: int) -> list[TokenEvent]:
+        ids = ch.get("token_ids") or []
+        content = ((ch.get("logprobs") or {}).get("content")) or []
+        finish = ch.get("finish_reason")
+        out: list[TokenEvent] = []
+        live_version = adapter.version if adapter is not None else r.version
+        for j, tid in enumerate(ids):
+            lp_entry = content[j] if j < len(content) else None
+            lp = float(lp_entry["logprob"]) if lp_entry is not None else 0.0
+            top = None
+            if k and lp_entry is not None:
+                ranked = sorted((t for t in lp_entry.get("top_logprobs") or [] if t.get("rank") and t["rank"] <= k),
+                                key=lambda t: t["rank"])
+                top = [(int(t["token_id"]), float(t["logprob"])) for t in ranked[:k]]
+            out.append(TokenEvent(token_id=int(tid), logprob=lp, top_logprobs=top, policy_version=live_version))
+        self.stats_.tokens += len(ids)
+        if finish is not None:
+            spans = None
+            if adapter is None and ch.get("weight_versions"):
+                spans = [(int(s["start"]), int(s["end"]), _as_version(s["version"], v0))
+                         for s in ch["weight_versions"]]
+                if len({v for _, _, v in spans}) > 1:
+                    self.stats_.mixed_version_responses += 1
+            reason = "length" if finish == "length" else "stop"
+            if out:
+                out[-1].finish_reason = reason
+                out[-1].version_spans = spans
+            else:
+                out.append(TokenEvent(token_id=None, logprob=0.0, finish_reason=reason, policy_version=live_version,
+                                      version_spans=spans))
+            self.stats_.requests += 1
+        return out
+
+    # -- publish -------------------------------------------------------------------
+    async def publish(self, weights: Mapping[str, Any] | str | Path | LoraAdapter, version: int) -> None:
+        """Serve `weights` as `version` on every replica that is up; a replica that is
+        down gets them when it comes back. Returns once new requests get `version`."""
+        async with self._publish_lock:
+            t0 = time.perf_counter()
+            version = int(version)
+            try:
+                if isinstance(weights, LoraAdapter):
+                    path = await asyncio.to_thread(self._write_adapter, weights, version)
+                    await self._publish_adapter(path, version)
+                else:
+                    if isinstance(weights, (str, Path)):
+                        path = str(weights)
+                    else:
+                        path = await asyncio.to_thread(self._write_full, weights, version)
+                    await self._publish_full(path, version)
+            except Exception:
+                self.stats_.publish_failures += 1
+                raise
+            self.stats_.publishes += 1
+            self.stats_.last_publish_s = time.perf_counter() - t0
+            await asyncio.to_thread(self._prune_weights)
+
+    async def _publish_full(self, path: str, version: int) -> None:
+        up = [r for r in self.replicas if r.state == "up"]
+        results = await asyncio.gather(*(self._reload(r, path, version) for r in up), return_exceptions=True)
+        ok = 0
+        for r, res in zip(up, results):
+            if isinstance(res, BaseException):
+                log.error("publish v%d to %s failed: %s; restarting it", version, r.name, res)
+                r.last_error = f"publish failed: {res}"
+                self._mark_down(r)
+            else:
+                ok += 1
+        if up and not ok:
+            raise RuntimeError(f"publish of v{version} failed on every replica: {results[0]}")
+        self._weights_path, self._version = path, version
+        self._adapter = None
+
+    async def _reload(self, r: Replica, path: str, version: int) -> None:
+        """pause(keep) → reload → tag → reset prefix cache → resume; resumes even on failure."""
+        t0 = time.perf_counter()
+        await self._post(r, "/pause", params={"mode": "keep"})
+        try:
+            res = await self._post(r, "/collective_rpc", json={"method": "reload_weights",
+                                                              "kwargs": {"weights_path": path}}, timeout=600)
+            if res.get("results") is None and res.get("error"):
+                raise RuntimeError(f"reload_weights: {res}")
+            await self._post(r, "/update_weight_version", json={"new_version": str(version)})
+            r.version = version
+            await self._reset_prefix_cache(r)
+        finally:
+            await self._post(r, "/resume")
+            self.stats_.last_pause_s = time.perf_counter() - t0
+
+    async def _reset_prefix_cache(self, r: Replica) -> None:
+        """Drop KV computed by the old weights. Running requests are preempted and recomputed on
+        resume, so every token sampled after a publish is conditioned on new-weight KV only: its
+        logprob is exactly the new policy's, as its version says."""
+        res = await self._post(r, "/reset_prefix_cache", params={"reset_running_requests": "true"})
+        if not res.get("success", True):
+            self.stats_.extra["prefix_cache_reset_failures"] = self.stats_.extra.get(
+                "prefix_cache_reset_failures", 0.0) + 1
+            log.warning("%s: prefix cache reset refused; old-weight KV may serve a few requests", r.name)
+
+    async def _publish_adapter(self, path: str, version: int) -> None:
+        name = f"clawloop-v{version}"
+        up = [r for r in self.replicas if r.state == "up"]
+        results = await asyncio.gather(*(self._post(r, "/v1/load_lora_adapter",
+                                                    json={"lora_name": name, "lora_path": path}, timeout=300)
+                                         for r in up), return_exceptions=True)
+        ok = 0
+        for r, res in zip(up, results):
+            if isinstance(res, BaseException):
+                log.error("LoRA publish v%d to %s failed: %s; restarting it", version, r.name, res)
+                r.last_error = f"LoRA publish failed: {res}"
+                self._mark_down(r)
+            else:
+                r.version = version
+                ok += 1
+        if up and not ok:
+            raise RuntimeError(f"LoRA publish of v{version} failed on every replica: {results[0]}")
+        old = self._adapter
+        self._adapter = _Adapter(name, version, path)
+        self._weights_path, self._version = path, version
+        if old is not None:
+            if old.inflight == 0:
+                self._schedule_unload(old)
+            else:
+                self._old_adapters.append(old)
+
+    def _schedule_unload(self, adapter: _Adapter) -> None:
+        if adapter in self._old_adapters:
+            self._old_adapters.remove(adapter)
+
+        async def unload() -> None:
+            for r in self.replicas:
+                if r.state != "up":
+                    continue
+                try:
+                    await self._post(r, "/v1/unload_lora_adapter", json={"lora_name": adapter.name})
+                except Exception as e:  # harmless: the adapter stays loaded until the replica restarts
+                    log.warning("unloading %s from %s failed: %s", adapter.name, r.name, e)
+            self.stats_.adapters_unloaded += 1
+
+        asyncio.get_running_loop().create_task(unload())
+
+    def _write_full(self, weights: Mapping[str, Any], version: int) -> str:
+        """The state dict as safetensors in DATA_DIR/weights/vN (atomically: temp dir + rename)."""
+        from safetensors.torch import save_file
+
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}  # no shared storage
+        return self._write_dir(f"v{version}", lambda d: save_file(tensors, str(d / "model.safetensors"),
+                                                                   metadata={"format": "pt"}))
+
+    def _write_adapter(self, adapter: LoraAdapter, version: int) -> str:
+        from safetensors.torch import save_file
+
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in adapter.state_dict.items()}
+        config = dict(adapter.config)
+        config.setdefault("base_model_name_or_path", self.model_path)
+
+        def write(d: Path) -> None:
+            save_file(tensors, str(d / "adapter_model.safetensors"), metadata={"format": "pt"})
+            (d / "adapter_config.json").write_text(json.dumps(config, default=list))
+
+        return self._write_dir(f"v{version}-lora", write)
+
+    def _write_dir(self, name: str, write: Any) -> str:
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        final = self.weights_dir / name
+        tmp = self.weights_dir / f".{name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        write(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return str(final)
+
+    def _prune_weights(self) -> None:
+        """Keep the newest `keep_weights` published folders (never the served one or an adapter in use)."""
+        if not self.weights_dir.exists():
+            return
+        keep = {self._weights_path} | {a.path for a in self._old_adapters}
+        dirs = []
+        for d in self.weights_dir.iterdir():
+            stem = d.name.removesuffix("-lora")
+            if d.is_dir() and stem.startswith("v") and stem[1:].isdigit():
+                dirs.append((int(stem[1:]), d))
+        dirs.sort()
+        for _, d in dirs[:-self.keep_weights]:
+            if str(d) not in keep:
+                shutil.rmtree(d, ignore_errors=True)
+
+    # -- colocated training ------------------------------------------------------------
+    async def sleep(self) -> None:
+        """Free the GPU for a train step (vLLM sleep mode, level 1: weights offloaded to CPU,
+        KV cache dropped). New requests wait for `wake_up`; none is refused."""
+        if not self.sleep_mode:
+            return
+        self._awake.clear()
+        await asyncio.gather(*(self._post(r, "/sleep", params={"level": "1"}) for r in self.replicas
+                               if r.state == "up"))
+
+    async def wake_up(self) -> None:
+        if not self.sleep_mode:
+            return
+        try:
+            await asyncio.gather(*(self._post(r, "/wake_up") for r in self.replicas if r.state == "up"))
+        finally:
+            self._awake.set()
+
+    # -- health, restarts ---------------------------------------------------------------
+    def _spawn(self, r: Replica) -> None:
+        port = _free_port()
+        r.url = f"http://127.0.0.1:{port}"
+        args = ["--model", self.model_path, "--served-model-name", BASE_NAME, "--host", "127.0.0.1",
+                "--port", str(port), "--max-model-len", str(self.max_model_len),
+                "--logprobs-mode", "raw_logprobs", "--max-logprobs", str(self.max_logprobs + 1),
+                "--enable-scale-out", "--disable-uvicorn-access-log"]
+        cuda = _has_cuda()
+        if self.dtype != "auto":
+            args += ["--dtype", self.dtype]
+        elif not cuda:
+            args += ["--dtype", "float32"]  # the hf engine's CPU dtype: logprobs the trainer can match
+        if self.lora_rank:
+            rank = next(x for x in (8, 16, 32, 64, 128, 256, 512) if x >= self.lora_rank)
+            args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "4"]
+        if self.gpu_memory_utilization:
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.sleep_mode:
+            args += ["--enable-sleep-mode"]
+        args += self.extra_args
+        env = dict(os.environ)
+        env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                    "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                    "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "WARNING")})
+        env.pop("VIRTUAL_ENV", None)
+        env.pop("PYTHONPATH", None)  # never leak clawloop's environment into vLLM's
+        if not cuda:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(self.kv_cache_gib)))))
+            if len(self.replicas) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+                # vLLM binds each CPU server to core 0 by default: spread replicas over the cores.
+                env["VLLM_CPU_OMP_THREADS_BIND"] = str(r.index % (os.cpu_count() or 1))
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[r.index % len(self.gpus)]
+        assert self.python is not None
+        r.process = VLLMProcess(self.python, args, env, self.data_dir / "logs" / f"vllm-{r.name}.log")
+        r.process.start()
+        log.info("started vLLM %s (pid %s) on %s; log %s", r.name, r.process.pid, r.url, r.process.log_path)
+
+    async def _wait_healthy(self, r: Replica, timeout_s: float, first: bool = False) -> None:
+        t0 = time.monotonic()
+        last_note = t0
+        while True:
+            if r.process is not None and r.process.exited() is not None:
+                tail = r.process.log_tail()
+                raise RuntimeError(f"vLLM {r.name} exited with code {r.process.exited()} while starting:\n"
+                                   f"{_explain(tail)}\n(full log: {r.process.log_path})")
+            if await self._healthy(r):
+                if first:
+                    print(f"clawloop: vLLM {r.name} ready on {r.url} after {time.monotonic() - t0:.0f} s",
+                          file=sys.stderr, flush=True)
+                return
+            now = time.monotonic()
+            if now - t0 > timeout_s:
+                raise RuntimeError(f"vLLM {r.name} at {r.url} not healthy after {timeout_s:.0f} s"
+                                   + (f" (log: {r.process.log_path})" if r.process else ""))
+            if now - last_note >= 15:
+                last_note = now
+                where = f"log {r.process.log_path}" if r.process else r.url
+                print(f"clawloop: waiting for vLLM {r.name} ({now - t0:.0f} s; {where})", file=sys.stderr,
+                      flush=True)
+            await asyncio.sleep(0.5)
+
+    async def _healthy(self, r: Replica) -> bool:
+        try:
+            resp = await self._client.get(r.url + "/health", timeout=5.0)
+            return resp.status_code == 200
+        except Exception:
+            return False
+
+    async def _bring_to_current(self, r: Replica) -> None:
+        """A (re)started replica: serve the current weights as the current version before traffic."""
+        if self._adapter is not None:
+            await self._post(r, "/v1/load_lora_adapter", json={"lora_name": self._adapter.name,
+                                                               "lora_path": self._adapter.path}, timeout=300)
+        elif self._weights_path is not None:
+            await self._post(r, "/collective_rpc", json={"method": "reload_weights",
+                                                        "kwargs": {"weights_path": self._weights_path}}, timeout=600)
+            await self._reset_prefix_cache(r)
+        await self._post(r, "/update_weight_version", json={"new_version": str(self._version)})
+        r.version = self._version
+
+    def _suspect(self, r: Replica, e: BaseException) -> None:
+        r.last_error = f"{type(e).__name__}: {e}"
+        r.failures = UNHEALTHY_AFTER - 1  # the next failed health check takes it down
+
+    def _mark_down(self, r: Replica) -> None:
+        if r.state in ("down", "restarting", "failed"):
+            return
+        r.state = "down"
+        if r.process is not None and self._running:
+            r.restart_task = asyncio.get_running_loop().create_task(self._restart(r))
+
+    async def _monitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            for r in self.replicas:
+                if r.state in ("restarting", "failed"):
+                    continue
+                if r.process is not None and r.process.exited() is not None:
+                    r.last_error = f"exited with code {r.process.exited()}"
+                    log.error("vLLM %s exited (code %s); restarting", r.name, r.process.exited())
+                    self._mark_down(r)
+                    continue
+                if await self._healthy(r):
+                    r.failures = 0
+                    if r.state == "down" and r.process is None:  # an attached server came back
+                        try:
+                            await self._bring_to_current(r)
+                            r.state = "up"
+                            log.warning("vLLM %s is back", r.name)
+                        except Exception as e:
+                            r.last_error = f"coming back: {e}"
+                    continue
+                r.failures += 1
+                if r.failures >= UNHEALTHY_AFTER and r.state == "up":
+                    r.last_error = r.last_error or "health check failed"
+                    log.error("vLLM %s failed %d health checks; marking it down", r.name, r.failures)
+                    self._mark_down(r)
+
+    async def _restart(self, r: Replica) -> None:
+        r.state = "restarting"
+        while self._running:
+            if r.restarts >= self.max_restarts:
+                r.state = "failed"
+                log.error("vLLM %s: giving up after %d restarts (%s)", r.name, r.restarts, r.last_error)
+                return
+            delay = min(60.0, 2.0 ** r.restarts)
+            r.restarts += 1
+            self.stats_.restarts += 1
+            await asyncio.to_thread(r.process.stop, 5.0)
+            await asyncio.sleep(delay)
+            try:
+                self._spawn(r)
+                await self._wait_healthy(r, self.start_timeout_s)
+                async with self._publish_lock:  # no publish may slip between catching up and taking traffic
+                    await self._bring_to_current(r)
+                    r.failures = 0
+                    r.state = "up"
+                log.warning("vLLM %s restarted (restart %d) serving v%d", r.name, r.restarts, r.version)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                r.last_error = f"restart failed: {e}"
+                log.error("vLLM %s restart failed: %s", r.name, e)
+
+    async def _post(self, r: Replica, path: str, *, json: Any = None, params: Any = None,
+                    timeout: float = 60.0) -> dict[str, Any]:
+        resp = await self._client.post(r.url + path, json=json, params=params, timeout=timeout)
+        if resp.status_code != 200:
+            raise RuntimeError(f"{r.name} {path}: HTTP {resp.status_code}: {resp.text[:300]}")
+        try:
+            return resp.json()
+        except ValueError:
+            return {}
+
+    # -- reporting -----------------------------------------------------------------------
+    @property
+    def available(self) -> bool:
+        return any(r.state == "up" for r in self.replicas)
+
+    def health(self) -> dict[str, Any]:
+        up = sum(r.state == "up" for r in self.replicas)
+        status = "ok" if up == len(self.replicas) else ("degraded" if up else "unavailable")
+        return {"status": status, "backend": "vllm", "replicas": [r.health() for r in self.replicas]}
+
+    def stats(self) -> dict[str, float]:
+        s = self.stats_
+        out = {
+            "engine/replicas": float(len(self.replicas)),
+            "engine/replicas_up": float(sum(r.state == "up" for r in self.replicas)),
+            "engine/active_rows": float(sum(r.inflight for r in self.replicas)),
+            "engine/tokens_generated": float(s.tokens), "engine/requests": float(s.requests),
+            "engine/retries": float(s.retries), "engine/unavailable": float(s.unavailable),
+            "engine/publishes": float(s.publishes), "engine/publish_failures": float(s.publish_failures),
+            "engine/last_publish_s": s.last_publish_s, "engine/last_pause_s": s.last_pause_s,
+            "engine/restarts": float(s.restarts), "engine/policy_version": float(self._version),
+            "engine/mixed_version_responses": float(s.mixed_version_responses),
+            "engine/lora_adapters_unloaded": float(s.adapters_unloaded),
+        }
+        out.update({f"engine/{k}": v for k, v in s.extra.items()})
+        for r in self.replicas:
+            out[f"engine/{r.name}_up"] = 1.0 if r.state == "up" else 0.0
+            out[f"engine/{r.name}_inflight"] = float(r.inflight)
+            out[f"engine/{r.name}_restarts"] = float(r.restarts)
+            out[f"engine/{r.name}_policy_version"] = float(r.version)
+        return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _as_version(v: Any, default: int) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default  # "default": a server that was never tagged
+
+
+def _explain(tail: str) -> str:
+    """The lines of a vLLM log that say why it died, with a plain-words note for common causes."""
+    lines = [ln for ln in tail.splitlines() if ("Error" in ln or "error" in ln or "not supported" in ln)]
+    note = ""
+    if "not supported" in tail and "rchitecture" in tail:
+        note = "vLLM cannot load this model's architecture; use --backend hf or a model vLLM supports.\n"
+    elif "torchvision::nms" in tail:
+        note = "torchvision in the vLLM environment is broken for this torch; rerun `make vllm`.\n"
+    return note + ("\n".join(lines[-8:]) if lines else tail[-2000:])
