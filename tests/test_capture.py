@@ -199,7 +199,7 @@ def test_export_and_import_round_trip(make_gateway, tmp_path, random_model_dir):
     assert s["session_id"] == "conv" and len(s["turns"]) == 3
     t0 = s["turns"][0]
     for key in ("type", "prompt", "response", "next_state", "trainable", "prompt_ids", "response_ids",
-                "response_logprobs", "policy_version"):
+                "response_logprobs", "policy_version", "response_versions"):
         assert key in t0
     assert t0["next_state"]["content"] == "no, just the number"
     assert s["turns"][1]["next_state"]["content"] == "thanks!"

@@ -35,6 +35,7 @@ from clawloop.losses import (
     ppo_clip_loss,
     staleness_filter,
     staleness_histogram,
+    staleness_token_mask,
     tis_weights,
     topk_distill_loss,
 )
@@ -546,6 +547,31 @@ def test_staleness_filter_by_hand():
     assert staleness_histogram(versions, 5) == {-1: 1, 0: 1, 1: 1, 2: 1, 4: 1}
     with pytest.raises(ValueError, match="max_staleness"):
         staleness_filter(versions, 5, -1)
+
+
+def test_staleness_token_mask_by_hand():
+    # current version 5, K = 1. Row 0: a response that started on v3 and ended on v6 after three
+    # swaps; staleness per position (2, 2, 2, 1, 0, -1): the two valid v3 tokens go, the rest stay
+    # (the prompt position is old too but was never valid, so it is not counted). Row 1: three
+    # valid v3 tokens, all go.
+    versions = t([[3, 3, 3, 4, 5, 6], [6, 3, 3, 3, 3, 3]], dtype=torch.long)
+    mask = t([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 0, 0]], dtype=torch.long)
+    keep, removed = staleness_token_mask(versions, mask, 5, 1)
+    assert keep.tolist() == [[False, False, False, True, True, True], [False, False, False, False, False, False]]
+    assert removed == 2 + 3
+    # K = 2: staleness 2 is allowed, every valid token stays
+    keep, removed = staleness_token_mask(versions, mask, 5, 2)
+    assert keep.tolist() == [[False, True, True, True, True, True], [False, True, True, True, False, False]]
+    assert removed == 0
+    # 1-D rows work as well (the trainer masks one sample at a time); None: no bound
+    keep, removed = staleness_token_mask(torch.tensor([1, 2, 3]), torch.tensor([1, 1, 1]), 3, 0)
+    assert keep.tolist() == [False, False, True] and removed == 2
+    keep, removed = staleness_token_mask(torch.tensor([0, 0]), torch.tensor([1, 0]), 9, None)
+    assert keep.tolist() == [True, False] and removed == 0
+    with pytest.raises(ValueError, match="max_staleness"):
+        staleness_token_mask(torch.tensor([1]), torch.tensor([1]), 1, -1)
+    with pytest.raises(ValueError, match="differ in shape"):
+        staleness_token_mask(torch.tensor([1, 2]), torch.tensor([1]), 1, 0)
 
 
 # ---------------------------------------------------------------------------- plugins

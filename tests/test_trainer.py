@@ -1,6 +1,8 @@
 """The trainer end to end: a learning canary through the real engine, LoRA
 and full publishing, checkpoint -> kill -> resume, and publishes under
-concurrent streaming load with zero failed requests."""
+concurrent streaming load with zero failed requests. Plus the LoRA adapter
+publish (round trip through peft) and the colocated engine's sleep/wake_up
+around each step, against a recording stand-in for the vLLM engine."""
 
 from __future__ import annotations
 
@@ -225,3 +227,201 @@ def test_publish_under_streaming_load_has_zero_failures(make_gateway, random_mod
     assert not failures, failures[:3]
     assert len(done) >= 20 and engine.policy_version == 20
     assert len(versions) > 1
+
+
+def _binary_samples(tok, n=4):
+    from clawloop.gateway.render import render_prompt
+
+    prompt = render_prompt(tok, [{"role": "user", "content": "What is 12+7?"}], None)
+    out = []
+    for i in range(n):
+        resp = tok.encode(["19", "The answer is 19."][i % 2], add_special_tokens=False) + [tok.eos_token_id]
+        out.append(Sample(tokens=prompt + resp, loss_mask=[0] * len(prompt) + [1] * len(resp),
+                          rollout_logprobs=[0.0] * len(prompt) + [-2.0] * len(resp), prompt_len=len(prompt),
+                          reward=1.0 if i % 2 == 0 else -1.0))
+    return out
+
+
+def test_lora_adapter_round_trips_through_peft(random_model_dir, tmp_path):
+    """The published adapter, written as peft writes one and loaded with PeftModel.from_pretrained,
+    serves the same logits as the merged full weights; its config is peft's adapter_config.json."""
+    import json
+
+    from peft import PeftModel
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from clawloop.engines.base import LoraAdapter
+    from clawloop.trainer import Trainer
+
+    cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__lr="1e-2", train__use_lora="true",
+                   train__lora_rank="4")
+    trainer = Trainer(cfg, str(random_model_dir))
+    trainer.step(_binary_samples(trainer.tokenizer))  # lora_B starts at zero: train it off zero
+    adapter = trainer.lora_adapter()
+    assert isinstance(adapter, LoraAdapter) and adapter.state_dict
+    assert all(v.device.type == "cpu" and "lora_" in k for k, v in adapter.state_dict.items())
+    json.dumps(adapter.config)  # JSON types only
+    assert adapter.config["base_model_name_or_path"] == str(random_model_dir)
+    assert adapter.config["r"] == 4 and adapter.config["peft_type"] == "LORA"
+
+    # what peft itself saves: same tensor names and values, same config
+    peft_dir = tmp_path / "peft-saved"
+    trainer.model.save_pretrained(peft_dir)
+    saved = load_file(str(peft_dir / "adapter_model.safetensors"))
+    assert saved.keys() == adapter.state_dict.keys()
+    assert all(torch.equal(saved[k], adapter.state_dict[k]) for k in saved)
+    peft_conf = json.loads((peft_dir / "adapter_config.json").read_text())
+    ours = dict(adapter.config)
+    for conf in (peft_conf, ours):
+        conf["target_modules"] = sorted(conf["target_modules"])
+        conf.pop("base_model_name_or_path")
+    assert ours == peft_conf
+
+    out = tmp_path / "adapter"
+    out.mkdir()
+    save_file(dict(adapter.state_dict), str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(json.dumps(adapter.config))
+    base = AutoModelForCausalLM.from_pretrained(str(random_model_dir), dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(out)).merge_and_unload().eval()
+    full = AutoModelForCausalLM.from_pretrained(str(random_model_dir), dtype=torch.float32).eval()
+    missing, unexpected = full.load_state_dict(trainer.served_state_dict(), strict=False)
+    assert not unexpected and all(k.endswith("lm_head.weight") for k in missing)
+    untrained = AutoModelForCausalLM.from_pretrained(str(random_model_dir), dtype=torch.float32).eval()
+    ids = torch.tensor([trainer.tokenizer.encode("What is 12+7? The answer is 19.", add_special_tokens=False)])
+    with torch.no_grad():
+        a, b, c = (m(input_ids=ids).logits for m in (merged, full, untrained))
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert (a - c).abs().max() > 1e-4, "the adapter must change the model"
+
+
+class RecordingEngine:
+    """A stand-in for a vLLM engine (the real one is a server on a GPU): records the calls the
+    trainer loop makes, on which event loop, and what was published."""
+
+    def __init__(self, accepts_lora_adapters=False, can_sleep=True, fail_sleep=False):
+        self.calls: list[str] = []
+        self.loops: list = []
+        self.published: list = []
+        self.version = 0
+        self.accepts_lora_adapters = accepts_lora_adapters
+        self.fail_sleep = fail_sleep
+        if not can_sleep:
+            self.sleep = None
+            self.wake_up = None
+
+    @property
+    def policy_version(self) -> int:
+        return self.version
+
+    async def publish(self, weights, version):
+        self.calls.append("publish")
+        self.loops.append(asyncio.get_running_loop())
+        self.published.append(weights)
+        self.version = version
+
+    async def sleep(self):
+        self.calls.append("sleep")
+        self.loops.append(asyncio.get_running_loop())
+        if self.fail_sleep:
+            raise RuntimeError("sleep failed")
+
+    async def wake_up(self):
+        self.calls.append("wake_up")
+        self.loops.append(asyncio.get_running_loop())
+
+
+class ListSource:
+    """A buffer source that hands out fixed samples once."""
+
+    def __init__(self, samples):
+        self.samples = list(samples)
+
+    def pull(self):
+        out, self.samples = self.samples, []
+        return out
+
+
+def _loop_with(random_model_dir, tmp_path, engine, samples_n=4, loop=None, **flags):
+    from clawloop.trainer import Trainer, TrainerLoop
+
+    flags = {"train__method": "binary", "train__rollout_batch_size": str(samples_n), "train__lr": "1e-3", **flags}
+    cfg = make_cfg(random_model_dir, tmp_path, **flags)
+    trainer = Trainer(cfg, str(random_model_dir))
+    return TrainerLoop(cfg, trainer, None, engine, "offline", loop=loop,
+                       buffer_source=ListSource(_binary_samples(trainer.tokenizer, samples_n)))
+
+
+@pytest.mark.parametrize("use_lora,accepts,expect_adapter", [
+    (True, True, True), (True, False, False), (False, True, False)])
+def test_publish_sends_the_adapter_only_where_the_engine_takes_one(random_model_dir, tmp_path, use_lora, accepts,
+                                                                   expect_adapter):
+    from clawloop.engines.base import LoraAdapter
+
+    engine = RecordingEngine(accepts_lora_adapters=accepts)
+    flags = {"train__use_lora": "true", "train__lora_rank": "4"} if use_lora else {}
+    tl = _loop_with(random_model_dir, tmp_path, engine, **flags)
+    assert tl.run_once() is True
+    (w,) = engine.published
+    assert engine.version == 1 and tl.counts["publishes"] == 1
+    if expect_adapter:
+        assert isinstance(w, LoraAdapter) and all("lora_" in k for k in w.state_dict)
+    else:
+        assert isinstance(w, dict) and "model.embed_tokens.weight" in w and all("lora_" not in k for k in w)
+
+
+def test_colocated_engine_sleeps_through_each_step(random_model_dir, tmp_path):
+    """sleep before the step, wake_up after it and before the publish, on the serving event loop."""
+    aloop = asyncio.new_event_loop()
+    thread = threading.Thread(target=aloop.run_forever, daemon=True)
+    thread.start()
+    try:
+        engine = RecordingEngine()
+        tl = _loop_with(random_model_dir, tmp_path, engine, loop=aloop, model__sleep_while_training="true")
+        step = tl.trainer.step
+
+        def recording_step(*a, **kw):
+            engine.calls.append("step")
+            return step(*a, **kw)
+
+        tl.trainer.step = recording_step
+        assert tl.run_once() is True
+        assert engine.calls == ["sleep", "step", "wake_up", "publish"]
+        assert all(lp is aloop for lp in engine.loops)
+        s = tl.stats()
+        assert s["train/engine_sleeps"] == 1 and s["train/last_engine_sleep_s"] > 0
+
+        # a step that fails still wakes the engine up, and nothing is published
+        engine.calls.clear()
+        tl.buffer.samples = _binary_samples(tl.trainer.tokenizer)
+
+        def failing_step(*a, **kw):
+            engine.calls.append("step")
+            raise RuntimeError("out of memory")
+
+        tl.trainer.step = failing_step
+        with pytest.raises(RuntimeError, match="out of memory"):
+            tl.run_once()
+        assert engine.calls == ["sleep", "step", "wake_up"]
+    finally:
+        aloop.call_soon_threadsafe(aloop.stop)
+        thread.join(timeout=10)
+        aloop.close()
+
+
+def test_failed_sleep_still_wakes_up_and_no_step_runs(random_model_dir, tmp_path):
+    engine = RecordingEngine(fail_sleep=True)
+    tl = _loop_with(random_model_dir, tmp_path, engine, model__sleep_while_training="true")
+    with pytest.raises(RuntimeError, match="sleep failed"):
+        tl.run_once()
+    assert engine.calls == ["sleep", "wake_up"] and tl.trainer.step_count == 0
+
+
+@pytest.mark.parametrize("colocate,can_sleep", [(False, True), (True, False)])
+def test_no_sleep_unless_colocated_and_able(random_model_dir, tmp_path, caplog, colocate, can_sleep):
+    engine = RecordingEngine(can_sleep=can_sleep)
+    tl = _loop_with(random_model_dir, tmp_path, engine, model__sleep_while_training=str(colocate).lower())
+    assert tl.run_once() is True
+    assert engine.calls == ["publish"]
+    if colocate:
+        assert "no async sleep()/wake_up()" in caplog.text

@@ -7,9 +7,12 @@ downstream re-tokenizes text.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 TURN_MAIN = "main"
 TURN_SIDE = "side"
@@ -97,6 +100,11 @@ class Sample:
     """OPD teacher logprobs of the sampled tokens, aligned with tokens."""
     hint: str | None = None
     policy_version: int = 0
+    """The OLDEST version among the response tokens (what the staleness histogram counts)."""
+    rollout_versions: list[int] | None = None
+    """Version of the weights behind each token, aligned with tokens (prompt positions hold the first
+    response token's version); None: every token is `policy_version`. Differs within a sample only when
+    the engine swapped weights mid-response; the trainer applies the staleness bound per token."""
     group_id: str | None = None
     """Samples sharing a group id were drawn for the same prompt (n > 1)."""
     turn_id: int | None = None
@@ -108,6 +116,18 @@ class Sample:
     def response_ids(self) -> list[int]:
         return self.tokens[self.prompt_len :]
 
+    @property
+    def response_versions(self) -> list[int]:
+        """One version per response token (`policy_version` repeated when `rollout_versions` is None)."""
+        if self.rollout_versions is None:
+            return [self.policy_version] * (len(self.tokens) - self.prompt_len)
+        return list(self.rollout_versions[self.prompt_len :])
+
+    @property
+    def mixed_versions(self) -> bool:
+        """True when the response was produced by more than one policy version."""
+        return len(set(self.response_versions)) > 1
+
     @classmethod
     def from_turn(cls, turn: Turn, judgement: Judgement | None = None) -> "Sample":
         tokens = list(turn.prompt_ids) + list(turn.response_ids)
@@ -117,6 +137,7 @@ class Sample:
         if len(resp_lps) != len(turn.response_ids):  # imported without engine logprobs: none to correct with
             resp_lps = [0.0] * len(turn.response_ids)
         lps = [0.0] * n_prompt + resp_lps
+        versions, oldest = _token_versions(turn)
         return cls(
             tokens=tokens,
             loss_mask=mask,
@@ -124,8 +145,27 @@ class Sample:
             prompt_len=n_prompt,
             reward=float(judgement.score) if judgement is not None else None,
             hint=judgement.hint if judgement is not None else None,
-            policy_version=turn.policy_version,
+            policy_version=oldest,
+            rollout_versions=versions,
             turn_id=turn.id,
             messages=turn.messages,
             tools=turn.tools,
         )
+
+
+def _token_versions(turn: Turn) -> tuple[list[int] | None, int]:
+    """(versions aligned with prompt + response, the oldest response version) of a turn.
+
+    A `response_versions` list of the wrong length cannot be aligned with the tokens: every token
+    is then given the oldest version the turn names, which can only make the staleness bound
+    stricter, never label a token newer than it is."""
+    rv = turn.response_versions
+    if rv is None or not turn.response_ids:
+        return None, int(turn.policy_version)
+    if len(rv) != len(turn.response_ids):
+        oldest = min([int(turn.policy_version), *map(int, rv)])
+        log.warning("turn %s: %d response_versions for %d response ids; every token counted as v%d",
+                    turn.id, len(rv), len(turn.response_ids), oldest)
+        return None, oldest
+    versions = [int(v) for v in rv]
+    return [versions[0]] * len(turn.prompt_ids) + versions, min(versions)

@@ -6,13 +6,15 @@ One session per line:
       {"type": "main", "prompt": [...messages...], "response": "19",
        "next_state": {"role": "user", "content": "thanks"}, "trainable": true,
        "prompt_ids": [...], "response_ids": [...], "response_logprobs": [...],
-       "policy_version": 0}]}
+       "policy_version": 0, "response_versions": null}]}
 
 On import `prompt` may be a string (one user message) or a list of messages,
 `next_state` a string (a user message) or `{"role", "content"}`, and the token
 fields may be missing: then the prompt is rendered with the model's chat
 template and the response encoded (counted and reported, because those ids
-are not the ones a model sampled). The whole file is validated before
+are not the ones a model sampled). `response_versions` (one policy version per
+response id, present when a publish fell mid-response) is optional; it needs
+`response_ids` beside it, and `policy_version` is then the oldest of them. The whole file is validated before
 anything is written; an error names the line.
 """
 
@@ -33,7 +35,7 @@ def turn_to_export(t: Turn) -> dict[str, Any]:
         "type": t.type, "prompt": t.messages, "response": t.response_text, "next_state": t.next_state,
         "trainable": t.trainable, "prompt_ids": t.prompt_ids, "response_ids": t.response_ids,
         "response_logprobs": t.response_logprobs, "policy_version": t.policy_version,
-        "index": t.index, "choice_index": t.choice_index, "finish_reason": t.finish_reason, "final": t.final,
+        "response_versions": t.response_versions, "index": t.index, "choice_index": t.choice_index, "finish_reason": t.finish_reason, "final": t.final,
     }
     if t.tools:
         d["tools"] = t.tools
@@ -132,11 +134,24 @@ def parse_sessions(path: str | Path) -> list[tuple[str, list[dict[str, Any]]]]:
                     if t.get("response_ids") is not None and len(lps) != len(t["response_ids"]):
                         raise ImportError_(f"{tw}.response_logprobs: one per response id "
                                            f"({len(lps)} vs {len(t['response_ids'])})")
+                versions = t.get("response_versions")
+                if versions is not None:
+                    if not (isinstance(versions, list) and all(isinstance(x, int) for x in versions)):
+                        raise ImportError_(f"{tw}.response_versions: must be a list of ints")
+                    if t.get("response_ids") is None or len(versions) != len(t["response_ids"]):
+                        raise ImportError_(f"{tw}.response_versions: one per response id, and response_ids "
+                                           "must be given beside them")
+                    if versions and t.get("policy_version") is not None and t["policy_version"] != min(versions):
+                        raise ImportError_(f"{tw}.policy_version: must be the oldest of response_versions "
+                                           f"({min(versions)}), got {t['policy_version']}")
+                version = t.get("policy_version")
+                if version is None and versions:
+                    version = min(versions)
                 out.append({
                     "type": ttype, "messages": _messages_of(t.get("prompt"), tw), "response": t["response"],
                     "next_state": ns, "trainable": bool(t.get("trainable", ttype == TURN_MAIN)),
                     "prompt_ids": t.get("prompt_ids"), "response_ids": t.get("response_ids"),
-                    "response_logprobs": lps, "policy_version": int(t.get("policy_version", 0) or 0),
+                    "response_logprobs": lps, "policy_version": int(version or 0), "response_versions": versions,
                     "tools": t.get("tools"), "tool_calls": t.get("tool_calls"),
                 })
             sessions.append((obj["session_id"], out))
@@ -184,7 +199,8 @@ def import_sessions(cfg: Any, path: str | Path) -> tuple[int, int]:
                     session_id=sid, index=i, type=t["type"], messages=t["messages"], tools=t["tools"],
                     prompt_ids=prompt_ids, response_ids=response_ids,
                     response_logprobs=t["response_logprobs"] or [], response_text=t["response"],
-                    tool_calls=t["tool_calls"], policy_version=t["policy_version"], next_state=t["next_state"],
+                    tool_calls=t["tool_calls"], policy_version=t["policy_version"],
+                    response_versions=t["response_versions"], next_state=t["next_state"],
                     trainable=t["trainable"] and t["type"] == TURN_MAIN, request_id="import",
                     next_state_at=time.time() if t["next_state"] is not None else None,
                 ))

@@ -14,7 +14,12 @@ an older policy version. Two corrections, both on by default:
   which reweights the engine's samples towards the trainer's old policy. The
   cap bounds the variance; weights are constants (no gradient).
 - A staleness bound: samples more than `max_staleness` policy versions older
-  than the trainer are dropped, and the drop is counted.
+  than the trainer are dropped, and the drop is counted. An engine that swaps
+  weights under running requests (vLLM) yields responses whose tokens come
+  from two versions; `staleness_token_mask` applies the bound per token, so
+  the newer tokens of such a response still train. TIS needs nothing extra
+  for them: each token carries the engine logprob of the weights that
+  sampled it, so its weight is already that token's own ratio.
 
 `train/logprob_diff_abs_mean` (mean |engine - trainer| logprob on the sampled
 tokens) is the drift metric the trainer warns on: it should be ~0 for a fresh
@@ -101,6 +106,29 @@ def staleness_filter(
     else:
         keep = (current_version - v) <= max_staleness  # (B,)
     return keep, int((~keep).sum().item())
+
+
+def staleness_token_mask(
+    versions: torch.Tensor,
+    mask: torch.Tensor,
+    current_version: int,
+    max_staleness: int | None,
+) -> tuple[torch.Tensor, int]:
+    """`mask` with the tokens more than `max_staleness` versions old removed, and how many valid
+    tokens that removed. Any shape; `versions` and `mask` share it.
+
+    The per-token form of `staleness_filter` (same bound, same treatment of newer versions)."""
+    if max_staleness is not None and max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0 (or None for no bound), got {max_staleness}")
+    v = torch.as_tensor(versions, dtype=torch.long)
+    valid = torch.as_tensor(mask).bool()
+    if v.shape != valid.shape:
+        raise ValueError(f"versions {tuple(v.shape)} and mask {tuple(valid.shape)} differ in shape")
+    if max_staleness is None:
+        return valid.clone(), 0
+    fresh = (current_version - v) <= max_staleness  # same shape as mask
+    keep = valid & fresh
+    return keep, int((valid & ~fresh).sum().item())
 
 
 def staleness_histogram(versions: torch.Tensor | Sequence[int], current_version: int) -> dict[int, int]:

@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS turns (
     request_id TEXT NOT NULL DEFAULT '',
     created_at REAL NOT NULL,
     next_state_at REAL,
+    response_versions TEXT,
     UNIQUE (session_id, idx, choice_index)
 );
 CREATE INDEX IF NOT EXISTS turns_session ON turns (session_id, idx);
@@ -73,10 +74,16 @@ CREATE TABLE IF NOT EXISTS kv (
 );
 """
 
+# Columns added after a store file may already exist: (table, column, type). A file written by an
+# older clawloop gets them with ALTER TABLE when it is opened; their old rows read as NULL.
+MIGRATIONS = (
+    ("turns", "response_versions", "TEXT"),
+)
+
 _TURN_COLS = (
     "id, session_id, idx, choice_index, type, messages, tools, prompt_ids, response_ids, "
     "response_logprobs, response_text, tool_calls, finish_reason, policy_version, next_state, "
-    "final, trainable, request_id, created_at, next_state_at"
+    "final, trainable, request_id, created_at, next_state_at, response_versions"
 )
 
 
@@ -90,15 +97,29 @@ def _loads(s: str | None) -> Any:
 
 def _row_to_turn(r: sqlite3.Row | tuple) -> Turn:
     (id_, sid, idx, choice, typ, msgs, tools, pids, rids, rlps, text, tcs, fin, ver, ns,
-     final, trainable, req, created, ns_at) = r
+     final, trainable, req, created, ns_at, rvers) = r
     return Turn(
         id=id_, session_id=sid, index=idx, choice_index=choice, type=typ,
         messages=json.loads(msgs), tools=_loads(tools), prompt_ids=json.loads(pids),
         response_ids=json.loads(rids), response_logprobs=json.loads(rlps),
         response_text=text, tool_calls=_loads(tcs), finish_reason=fin, policy_version=ver,
         next_state=_loads(ns), final=bool(final), trainable=bool(trainable), request_id=req,
-        created_at=created, next_state_at=ns_at,
+        created_at=created, next_state_at=ns_at, response_versions=_loads(rvers),
     )
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Add the MIGRATIONS columns a store file lacks. Two processes may open one old file at once
+    (`clawloop up` and `clawloop train`): the loser of that race finds the column there and moves on."""
+    for table, column, typ in MIGRATIONS:
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if column in have:
+            continue
+        try:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {typ}")
+        except sqlite3.OperationalError as e:
+            if "duplicate column" not in str(e).lower():
+                raise
 
 
 def _row_to_judgement(r: tuple) -> Judgement:
@@ -118,6 +139,7 @@ class Store:
         self._closed = False
         conn = self._connect()
         conn.executescript(SCHEMA)
+        _migrate(conn)
         conn.commit()
         self._writer_conn: sqlite3.Connection | None = None
         self._writer = threading.Thread(target=self._write_loop, name="clawloop-store-writer", daemon=True)
@@ -217,7 +239,7 @@ class Store:
             )
             cur = conn.execute(
                 f"INSERT INTO turns ({_TURN_COLS.removeprefix('id, ')}) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     turn.session_id, turn.index, turn.choice_index, turn.type,
                     json.dumps(turn.messages), _dumps(turn.tools), _dumps(list(turn.prompt_ids)),
@@ -225,6 +247,7 @@ class Store:
                     turn.response_text, _dumps(turn.tool_calls), turn.finish_reason,
                     int(turn.policy_version), _dumps(turn.next_state), int(turn.final),
                     int(turn.trainable), turn.request_id, turn.created_at, turn.next_state_at,
+                    _dumps(None if turn.response_versions is None else [int(v) for v in turn.response_versions]),
                 ),
             )
             turn.id = cur.lastrowid

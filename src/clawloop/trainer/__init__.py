@@ -7,12 +7,12 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-from clawloop.trainer.core import Trainer, teacher_messages
+from clawloop.trainer.core import Trainer, resolve_train_device, teacher_messages
 from clawloop.trainer.loop import TrainerLoop
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Trainer", "TrainerLoop", "attach_trainer", "judge_name_of", "teacher_messages"]
+__all__ = ["Trainer", "TrainerLoop", "attach_trainer", "judge_name_of", "resolve_train_device", "teacher_messages"]
 
 
 def judge_name_of(cfg: Any) -> str:
@@ -31,7 +31,8 @@ def model_path_of(cfg: Any) -> str:
 
 
 def build_loop(cfg: Any, engine: Any, store: Any, *, loop: asyncio.AbstractEventLoop | None = None) -> TrainerLoop:
-    trainer = Trainer(cfg, model_path_of(cfg), tokenizer=getattr(engine, "tokenizer", None))
+    device = resolve_train_device(cfg.train.device, cfg.train.train_gpus)
+    trainer = Trainer(cfg, model_path_of(cfg), tokenizer=getattr(engine, "tokenizer", None), device=device)
     source = None
     if cfg.train.source == "buffer":
         from clawloop.buffer import BufferSource

@@ -1,7 +1,10 @@
 """Atomic checkpoints: HF weights (or the peft adapter), optimizer, trainer state
 and the store cursor, written to a temp dir and renamed into place, then
 `latest` is replaced atomically. A kill mid-write leaves the previous
-checkpoint and `latest` intact.
+checkpoint and `latest` intact. Checkpoints do not depend on where the trainer
+ran: everything is loaded onto the CPU first and then into the trainer's
+model and optimizer, wherever those live (a CUDA run resumes on a CPU box, an
+offloaded optimizer's state stays in CPU memory).
 
     save_dir/
       step_000012/  model/ (or adapter/), optimizer.pt, trainer_state.json
@@ -58,6 +61,8 @@ def save_checkpoint(trainer: Any, save_dir: str | Path, *, cursor: int, extra: d
         "torch_rng": torch.get_rng_state().tolist(), "py_rng": repr(random.getstate()),
         **(extra or {}),
     }
+    if trainer.device.type == "cuda":  # LoRA dropout draws from the device's generator
+        state["cuda_rng"] = torch.cuda.get_rng_state(trainer.device).tolist()
     (tmp / "trainer_state.json").write_text(json.dumps(state))
     _fsync_dir(tmp)
     if final.exists():  # same step saved twice (e.g. interval + shutdown): replace
@@ -119,12 +124,16 @@ def load_checkpoint(trainer: Any, path: Path) -> dict[str, Any]:
         if missing or unexpected:
             raise ValueError(f"checkpoint {path}: weights do not match (missing={missing[:3]}, "
                              f"unexpected={unexpected[:3]})")
-    trainer.opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    trainer.reload_masters()
+    # load_state_dict moves each state tensor to its parameter's device: the GPU, or CPU masters
+    trainer.opt.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
     trainer.step_count = int(state["step"])
     trainer.version = int(state["policy_version"])
     trainer.tokens_trained = int(state.get("tokens_trained", 0))
     if "torch_rng" in state:
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+    if "cuda_rng" in state and trainer.device.type == "cuda":
+        torch.cuda.set_rng_state(torch.tensor(state["cuda_rng"], dtype=torch.uint8), trainer.device)
     return state
 
 

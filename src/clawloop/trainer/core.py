@@ -4,8 +4,22 @@ One code path for full fine-tuning and LoRA: the only difference is which
 parameters the optimizer sees and how the served weights are produced
 (LoRA deltas are merged into a copy, never into the trained modules).
 
+Placement: `train.device` (auto: cuda when torch sees one) and TRAIN_GPUS pick
+one device (`resolve_train_device`); every tensor of a step lives there. On
+CUDA the forwards run under bf16 autocast while the master weights, gradients
+and AdamW state stay float32, and logprobs are taken with log_softmax on
+float32 logits, so the PPO ratio and the TIS weights are not bf16 noise. With
+`offload_optimizer_state` the optimizer steps float32 copies of the trainable
+weights kept in CPU memory (its state lives beside them), and the result is
+copied back to the device: AdamW's two moments are twice the weights, which is
+what does not fit beside a big model on one GPU. The published weights are
+always CPU tensors.
+
 A step:
-1. drop samples more than `max_staleness` versions older than the served policy;
+1. remove response tokens more than `max_staleness` versions older than the
+   served policy from the loss mask (per token: an engine that swaps weights
+   mid-response yields samples from two versions) and drop samples with no
+   trainable token left;
 2. cut the batch into micro-batches under a token budget; the aggregation
    denominator is computed over the whole step, so gradient accumulation equals
    one big batch;
@@ -22,10 +36,14 @@ the teacher sequence is teacher_prompt_ids + the same response ids.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
+import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +56,11 @@ from clawloop.losses import (
     kl_loss,
     load_custom_loss,
     ppo_clip_loss,
-    staleness_filter,
     staleness_histogram,
+    staleness_token_mask,
     tis_weights,
 )
+from clawloop.engines.base import LoraAdapter
 from clawloop.records import Sample
 
 log = logging.getLogger(__name__)
@@ -73,18 +92,74 @@ class _Batch:
     ref_lp: torch.Tensor | None  # (B, L-1)
 
 
-def _pad(rows: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
+def resolve_train_device(device: str = "auto", train_gpus: Sequence[Any] = ()) -> torch.device:
+    """The trainer's device from `train.device` and `train.train_gpus` (TRAIN_GPUS).
+
+    auto: cuda when torch sees a CUDA device, else cpu. auto or cuda with TRAIN_GPUS: cuda:<first
+    id>; with several ids only the first is used until data-parallel training exists. Plain cuda
+    without TRAIN_GPUS is cuda:0. cuda:N names the device itself (a TRAIN_GPUS that disagrees is
+    ignored, with a warning). Ids count the GPUs this process sees, so CUDA_VISIBLE_DEVICES
+    renumbers them. Asking for cuda where torch sees none is a ConfigError, not a silent CPU run.
+    """
+    from clawloop.config import ConfigError
+
+    dev = str(device).strip().lower()
+    gpus = [str(g).strip() for g in train_gpus if str(g).strip()]
+    if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
+        raise ConfigError(f"train.device: must be auto, cpu, cuda or cuda:N, got {device!r}")
+    bad = [g for g in gpus if not g.isdigit()]
+    if bad:
+        raise ConfigError(f"train.train_gpus: must be GPU ids like 0,1, got {bad[0]!r}")
+    if dev == "cpu":
+        if gpus:
+            log.warning("train.device is cpu: TRAIN_GPUS=%s ignored", ",".join(gpus))
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        if dev != "auto":
+            raise ConfigError(f"train.device: {dev} asked for, but torch sees no CUDA device "
+                              "(use --train-device cpu or auto)")
+        if gpus:
+            log.warning("TRAIN_GPUS=%s, but torch sees no CUDA device: the trainer runs on cpu", ",".join(gpus))
+        return torch.device("cpu")
+    key = "train.device"
+    if dev.startswith("cuda:"):
+        index = int(dev[5:])
+        if gpus and int(gpus[0]) != index:
+            log.warning("train.device %s and TRAIN_GPUS=%s disagree: the trainer uses %s", dev, ",".join(gpus), dev)
+    elif gpus:
+        key, index = "train.train_gpus", int(gpus[0])
+        if len(gpus) > 1:
+            log.warning("TRAIN_GPUS=%s: the trainer uses cuda:%d only (no data-parallel training yet)",
+                        ",".join(gpus), index)
+    else:
+        index = 0
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError(f"{key}: cuda:{index} does not exist, torch sees {count} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+def _pad(rows: list[list[Any]], value: Any, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
     L = max(len(r) for r in rows)
     out = torch.full((len(rows), L), value, dtype=dtype)
     for i, r in enumerate(rows):
         out[i, :len(r)] = torch.tensor(r, dtype=dtype)
-    return out
+    return out if device is None else out.to(device)
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def token_logprobs(model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor,
-                   want_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(tokens[:, t+1] | tokens[:, :t+1]) for t in 0..L-2: (B, L-1)."""
-    out = model(input_ids=tokens, attention_mask=attn, use_cache=False)
+                   want_logits: bool = False, *,
+                   autocast_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(tokens[:, t+1] | tokens[:, :t+1]) for t in 0..L-2: (B, L-1).
+
+    `autocast_dtype` (bf16 on CUDA) covers the model's forward only: the log_softmax runs on
+    float32 logits outside it."""
+    with _autocast(tokens.device, autocast_dtype):
+        out = model(input_ids=tokens, attention_mask=attn, use_cache=False)
     logits = out.logits[:, :-1, :].float()  # (B, L-1, V)
     lp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, L-1)
     return lp, (logits if want_logits else None)
@@ -94,14 +169,20 @@ class Trainer:
     """Owns the trained model, the optimizer, the frozen reference/teacher, and
     the policy version of the weights it produces."""
 
-    def __init__(self, cfg: Any, model_path: str, *, tokenizer: Any = None, device: str = "cpu"):
+    def __init__(self, cfg: Any, model_path: str, *, tokenizer: Any = None,
+                 device: str | torch.device | None = None, _force_offload: bool = False):
+        """`device` None: resolved from `train.device` and TRAIN_GPUS (`resolve_train_device`).
+        `_force_offload` runs the CPU-offloaded optimizer on a CPU trainer too (tests only: it
+        is how the offload path is compared with the plain one where there is no GPU)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         t = cfg.train
         self.cfg = cfg
         self.tc = t
         self.model_path = str(model_path)
-        self.device = torch.device(device)
+        self.device = torch.device(device) if device is not None else resolve_train_device(t.device, t.train_gpus)
+        # bf16 matmuls on CUDA; on CPU autocast is slower than float32 and changes nothing we need
+        self.autocast_dtype = torch.bfloat16 if self.device.type == "cuda" else None
         torch.manual_seed(t.seed)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_path)
         base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device)
@@ -120,11 +201,23 @@ class Trainer:
             self.model = base
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.offload = bool(t.offload_optimizer_state) and (self.device.type != "cpu" or _force_offload)
+        if t.offload_optimizer_state and not self.offload:
+            log.info("offload_optimizer_state: the trainer runs on cpu, where the optimizer state already "
+                     "lives; nothing to offload")
+        # the optimizer's own parameters: float32 CPU masters when offloading, else the model's
+        self.masters: list[torch.Tensor] | None = None
+        if self.offload:
+            self.masters = [p.detach().to("cpu", dtype=torch.float32, copy=True) for p in self.params]
         kw = dict(lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
+        opt_params = self.masters if self.masters is not None else self.params
         try:  # one fused kernel instead of a per-parameter loop (CPU and CUDA, torch >= 2.4)
-            self.opt = torch.optim.AdamW(self.params, fused=True, **kw)
+            self.opt = torch.optim.AdamW(opt_params, fused=True, **kw)
         except (RuntimeError, TypeError):
-            self.opt = torch.optim.AdamW(self.params, **kw)
+            self.opt = torch.optim.AdamW(opt_params, **kw)
+        log.info("trainer on %s%s, float32 master weights%s%s", self.device,
+                 " with bf16 autocast" if self.autocast_dtype is not None else "",
+                 ", AdamW state in CPU memory" if self.offload else "", ", LoRA" if self.use_lora else "")
         self.custom_loss = load_custom_loss(t.custom_loss_function_path) if t.custom_loss_function_path else None
         self.step_count = 0
         self.version = 0
@@ -133,10 +226,11 @@ class Trainer:
 
     # -- weights ---------------------------------------------------------------
     def served_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights as the engine serves them: a detached copy; LoRA deltas merged."""
+        """Full weights as the engine serves them: a detached CPU copy (the engine writes it to
+        disk or loads it into its own model, wherever the trainer runs); LoRA deltas merged."""
         with torch.no_grad():
             if not self.use_lora:
-                return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+                return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
             from peft.tuners.lora import LoraLayer
 
             inner = self.model.base_model.model
@@ -149,10 +243,62 @@ class Trainer:
                 if "lora_" in k:
                     continue
                 k2 = k.replace(".base_layer.", ".")
-                sd[k2] = v.detach().clone()
-                if k2 in deltas:
-                    sd[k2] += deltas[k2].to(sd[k2].dtype)
+                w = v.detach()
+                sd[k2] = (w + deltas[k2].to(w.dtype)).cpu() if k2 in deltas else w.to("cpu", copy=True)
             return sd
+
+    def lora_adapter(self) -> LoraAdapter:
+        """The trained adapter as engines that hot-load adapters take it (vLLM): CPU tensors under
+        peft's saved names, and the config as peft writes `adapter_config.json`. Publishing it
+        moves megabytes where the merged weights are the whole model."""
+        if not self.use_lora:
+            raise RuntimeError("lora_adapter: this trainer trains all weights (train.use_lora is off)")
+        from peft import get_peft_model_state_dict
+
+        with torch.no_grad():
+            sd = {k: v.detach().to("cpu", copy=True).contiguous()
+                  for k, v in get_peft_model_state_dict(self.model).items()}
+        return LoraAdapter(state_dict=sd, config=self.lora_config())
+
+    def lora_config(self) -> dict[str, Any]:
+        """peft's `adapter_config.json` content for the trained adapter (JSON types only)."""
+        conf = self.model.peft_config["default"].to_dict()
+        # what PeftModel.save_pretrained changes before writing: sets become lists, inference mode
+        # on, the base model named
+        conf = {k: (sorted(v, key=str) if isinstance(v, (set, frozenset)) else v) for k, v in conf.items()}
+        conf["inference_mode"] = True
+        conf["base_model_name_or_path"] = self.model_path
+        return json.loads(json.dumps(conf, default=lambda x: sorted(x, key=str) if isinstance(x, (set, frozenset))
+                                     else getattr(x, "value", str(x))))
+
+    def reload_masters(self) -> None:
+        """Copy the model's weights into the offloaded float32 masters (after a checkpoint load)."""
+        if self.masters is None:
+            return
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):
+                m.copy_(p.detach())
+
+    def _optimizer_step(self) -> torch.Tensor:
+        """Clip the gradients and step AdamW; returns the gradient norm before clipping.
+
+        Offloaded: the clipped gradients go to the CPU masters, AdamW steps there (its state
+        lives beside them), and the new weights are copied back to the device."""
+        t = self.tc
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, t.grad_clip if t.grad_clip > 0 else float("inf"))
+        if self.masters is None:
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            return grad_norm
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):
+                m.grad = None if p.grad is None else p.grad.to("cpu", dtype=torch.float32)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            for p, m in zip(self.params, self.masters):
+                p.copy_(m)
+                p.grad = None
+        return grad_norm
 
     # -- samples ---------------------------------------------------------------
     def teacher_logprobs_for(self, samples: list[Sample]) -> list[list[float] | None]:
@@ -172,11 +318,11 @@ class Trainer:
             return out
         with torch.no_grad():
             seqs = [tp + list(r) for tp, r in rows]
-            tokens = _pad(seqs, self.tokenizer.pad_token_id or 0, torch.long).to(self.device)
-            attn = _pad([[1] * len(x) for x in seqs], 0, torch.long).to(self.device)
+            tokens = _pad(seqs, self.tokenizer.pad_token_id or 0, torch.long, self.device)  # (B, L)
+            attn = _pad([[1] * len(x) for x in seqs], 0, torch.long, self.device)  # (B, L)
             was = teacher.training
             teacher.eval()
-            lp, _ = token_logprobs(teacher, tokens, attn)  # (B, L-1)
+            lp, _ = token_logprobs(teacher, tokens, attn, autocast_dtype=self.autocast_dtype)  # (B, L-1)
             teacher.train(was)
         for j, (tp, resp) in enumerate(rows):
             s = samples[idx[j]]
@@ -202,25 +348,45 @@ class Trainer:
     def _tensorize(self, samples: list[Sample], teacher: list[list[float] | None] | None,
                    ref: bool) -> _Batch:
         pad = self.tokenizer.pad_token_id or 0
-        tokens = _pad([s.tokens for s in samples], pad, torch.long).to(self.device)
-        attn = _pad([[1] * len(s.tokens) for s in samples], 0, torch.long).to(self.device)
-        mask = _pad([s.loss_mask[1:] for s in samples], 0, torch.long).to(self.device)
-        has_engine = torch.tensor([any(x != 0.0 for x in s.rollout_logprobs) for s in samples])
-        engine_lp = _pad([s.rollout_logprobs[1:] for s in samples], 0.0, torch.float32).to(self.device)
-        scores = torch.tensor([float("nan") if s.reward is None else float(s.reward) for s in samples])
+        dev = self.device
+        tokens = _pad([s.tokens for s in samples], pad, torch.long, dev)  # (B, L)
+        attn = _pad([[1] * len(s.tokens) for s in samples], 0, torch.long, dev)  # (B, L)
+        mask = _pad([s.loss_mask[1:] for s in samples], 0, torch.long, dev)  # (B, L-1)
+        has_engine = torch.tensor([any(x != 0.0 for x in s.rollout_logprobs) for s in samples], device=dev)  # (B,)
+        engine_lp = _pad([s.rollout_logprobs[1:] for s in samples], 0.0, torch.float32, dev)  # (B, L-1)
+        scores = torch.tensor([float("nan") if s.reward is None else float(s.reward) for s in samples],
+                              device=dev)  # (B,)
         tl = None
         if teacher is not None and any(t is not None for t in teacher):
             tl = _pad([(t[1:] if t is not None else [float("nan")] * (len(s.tokens) - 1))
-                       for s, t in zip(samples, teacher)], float("nan"), torch.float32).to(self.device)
+                       for s, t in zip(samples, teacher)], float("nan"), torch.float32, dev)  # (B, L-1)
         adv = None
         if any(s.advantages is not None for s in samples):
             adv = _pad([(s.advantages[1:] if s.advantages is not None else [0.0] * (len(s.tokens) - 1))
-                        for s in samples], 0.0, torch.float32).to(self.device)
+                        for s in samples], 0.0, torch.float32, dev)  # (B, L-1)
         ref_lp = None
         if ref and self.frozen is not None:
             with torch.no_grad():
-                ref_lp, _ = token_logprobs(self.frozen, tokens, attn)
+                ref_lp, _ = token_logprobs(self.frozen, tokens, attn, autocast_dtype=self.autocast_dtype)
         return _Batch(tokens, attn, mask, engine_lp, has_engine, scores, tl, adv, ref_lp)
+
+    def _mask_stale_tokens(self, samples: list[Sample], current: int) -> tuple[list[Sample], int, int]:
+        """The staleness bound per token: (samples with stale response tokens taken out of their loss
+        mask, tokens so masked, samples dropped because no trainable token was left)."""
+        out, masked, dropped = [], 0, 0
+        for s in samples:
+            versions = ([s.policy_version] * len(s.tokens) if s.rollout_versions is None
+                        else s.rollout_versions)
+            keep, n = staleness_token_mask(torch.tensor(versions), torch.tensor(s.loss_mask), current,
+                                           self.tc.max_staleness)  # (T,)
+            masked += n
+            if n == 0:
+                out.append(s)
+            elif not bool(keep.any()):
+                dropped += 1
+            else:
+                out.append(dataclasses.replace(s, loss_mask=keep.long().tolist()))
+        return out, masked, dropped
 
     # -- the step ------------------------------------------------------------
     def step(self, samples: list[Sample], served_version: int | None = None) -> dict[str, float]:
@@ -228,10 +394,11 @@ class Trainer:
         t0 = time.perf_counter()
         t = self.tc
         current = self.version if served_version is None else served_version
-        keep, dropped = staleness_filter([s.policy_version for s in samples], current, t.max_staleness)
         hist = staleness_histogram([s.policy_version for s in samples], current) if samples else {}
-        samples = [s for s, k in zip(samples, keep.tolist()) if k]
-        stats: dict[str, float] = {"train/stale_dropped": float(dropped)}
+        mixed = sum(1 for s in samples if s.mixed_versions)
+        samples, masked, dropped = self._mask_stale_tokens(samples, current)
+        stats: dict[str, float] = {"train/stale_dropped": float(dropped), "train/stale_tokens_masked": float(masked),
+                                   "train/mixed_version_samples": float(mixed)}
         for k, n in hist.items():
             stats[f"train/staleness_{k}"] = float(n)
         if not samples:
@@ -250,7 +417,8 @@ class Trainer:
         acc: dict[str, list[float]] = {}
         n_tokens = 0
         for b in tensors:
-            lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=t.entropy_coef > 0)
+            lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=t.entropy_coef > 0,
+                                        autocast_dtype=self.autocast_dtype)  # (B, L-1)
             old = lp.detach()
             is_w, tis_stats = tis_weights(old, torch.where(b.has_engine_lp[:, None], b.engine_lp, old), b.mask,
                                           cap=t.tis_cap or None)
@@ -280,9 +448,7 @@ class Trainer:
             for k, v in {**s, **tis_stats, **adv_stats}.items():
                 acc.setdefault(k, []).append(v * w)
             acc.setdefault("_w", []).append(w)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, t.grad_clip if t.grad_clip > 0 else float("inf"))
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        grad_norm = self._optimizer_step()
         self.step_count += 1
         self.version += 1
         self.tokens_trained += n_tokens

@@ -5,8 +5,14 @@ Batching: the store is read from a cursor (the last judgement id consumed);
 samples with no learning signal (score 0 and no hint, or the wrong signal for
 the method) are skipped and counted, they never fill a batch slot. A step
 runs once `rollout_batch_size` samples with a signal are waiting. After every
-`publish_interval` steps the engine gets the new weights as version + 1;
-checkpoints every `save_interval` steps and at shutdown.
+`publish_interval` steps the engine gets the new weights as version + 1 (the
+LoRA adapter alone where the engine hot-loads adapters, else the merged full
+weights); checkpoints every `save_interval` steps and at shutdown.
+
+Colocated (`--colocate`): the engine and the trainer share one GPU, so an
+engine that can sleep (vLLM: `sleep()` frees its weights and KV cache,
+`wake_up()` brings them back) sleeps through each train step and wakes before
+the publish; requests that arrive meanwhile wait, none is refused.
 
 Loud failures: a warning (and `train/*` metrics) when nearly every judged turn
 carries no signal, and when a publish did not advance the served version.
@@ -15,6 +21,7 @@ carries no signal, and when a publish did not advance the served version.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 import time
@@ -41,6 +48,11 @@ def has_signal(s: Sample, method: str) -> bool:
     return rl or opd
 
 
+def engine_can_sleep(engine: Any) -> bool:
+    """True for an engine with async `sleep()` and `wake_up()` (vLLM's sleep mode)."""
+    return all(inspect.iscoroutinefunction(getattr(engine, name, None)) for name in ("sleep", "wake_up"))
+
+
 class TrainerLoop:
     def __init__(self, cfg: Any, trainer: Trainer, store: Any | None, engine: Any | None, judge_name: str,
                  *, loop: asyncio.AbstractEventLoop | None = None, buffer_source: Any | None = None):
@@ -60,11 +72,16 @@ class TrainerLoop:
         self.error: BaseException | None = None
         self.window: deque[int] = deque(maxlen=64)  # 1 = had signal, per judged turn
         self.counts = {"judged_seen": 0, "skipped_no_signal": 0, "truncated": 0, "publishes": 0,
-                       "publish_failures": 0, "steps": 0, "checkpoints": 0}
+                       "publish_failures": 0, "steps": 0, "checkpoints": 0, "engine_sleeps": 0}
         self.last_step_at = 0.0
         self.last_publish_s = 0.0
         self._warned_dead = 0.0
         self.resumed_from: str | None = None
+        self.last_sleep_s = 0.0
+        self.sleeps = cfg.model.sleep_while_training and engine_can_sleep(engine)
+        if cfg.model.sleep_while_training and engine is not None and not self.sleeps:
+            log.warning("model.sleep_while_training: this engine (%s) has no async sleep()/wake_up(); it keeps its "
+                        "memory while the trainer steps", type(engine).__name__)
 
     # -- resume -------------------------------------------------------------
     def resume(self) -> None:
@@ -160,7 +177,7 @@ class TrainerLoop:
             return False
         batch, self.pending = self.pending[:self.tc.rollout_batch_size], self.pending[self.tc.rollout_batch_size:]
         served = self.engine.policy_version if self.engine is not None else None
-        stats = self.trainer.step(batch, served_version=served)
+        stats = self.train_step(batch, served)
         if stats.get("train/skipped_step"):
             return False
         self.counts["steps"] += 1
@@ -173,16 +190,37 @@ class TrainerLoop:
             self.checkpoint()
         return True
 
+    def train_step(self, batch: list[Sample], served: int | None) -> dict[str, float]:
+        """One trainer step; a colocated engine sleeps through it and is woken up whatever happens."""
+        if not self.sleeps:
+            return self.trainer.step(batch, served_version=served)
+        t0 = time.perf_counter()
+        try:
+            self._await_engine(self.engine.sleep())
+            self.counts["engine_sleeps"] += 1
+            return self.trainer.step(batch, served_version=served)
+        finally:
+            try:
+                self._await_engine(self.engine.wake_up())
+            finally:
+                self.last_sleep_s = time.perf_counter() - t0
+
+    def _await_engine(self, coro: Any, timeout: float = 300) -> Any:
+        """Run an engine coroutine on the serving event loop (or a private one without it) and wait."""
+        if self.loop is not None:
+            return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
+        return asyncio.run(coro)
+
     def _publish(self) -> None:
         t0 = time.perf_counter()
-        weights = self.trainer.served_state_dict()
+        if self.trainer.use_lora and getattr(self.engine, "accepts_lora_adapters", False):
+            weights: Any = self.trainer.lora_adapter()
+        else:
+            weights = self.trainer.served_state_dict()
         version = self.trainer.version
         before = self.engine.policy_version
         try:
-            if self.loop is not None:
-                asyncio.run_coroutine_threadsafe(self.engine.publish(weights, version), self.loop).result(timeout=300)
-            else:
-                asyncio.run(self.engine.publish(weights, version))
+            self._await_engine(self.engine.publish(weights, version))
         except Exception:
             self.counts["publish_failures"] += 1
             raise
@@ -206,6 +244,8 @@ class TrainerLoop:
         seen = max(self.counts["judged_seen"], 1)
         out["train/truncation_rate"] = self.counts["truncated"] / seen
         out["train/last_publish_s"] = self.last_publish_s
+        if self.sleeps:
+            out["train/last_engine_sleep_s"] = self.last_sleep_s
         out["train/tokens_trained"] = float(self.trainer.tokens_trained)
         for k, v in self.trainer.last.items():
             out.setdefault(k, v)
