@@ -94,6 +94,8 @@ def test_started_replicas_are_children_in_their_own_groups(vllm_gateway):
     import httpx
 
     server, engine, *_ = vllm_gateway
+    # The tied test model is served from an untied copy, so a publish can update the head.
+    assert json.loads((Path(engine.serve_dir) / "config.json").read_text())["tie_word_embeddings"] is False
     h = httpx.get(server.url + "/health").json()
     assert h["status"] == "ok" and h["backend"] == "vllm" and len(h["replicas"]) == 2
     for r in h["replicas"]:
@@ -246,7 +248,7 @@ def test_full_weight_publish_under_load_fails_nothing(vllm_gateway, tool_model_d
         vs = t.response_versions or [t.policy_version] * len(t.response_ids)
         assert vs == sorted(vs) and t.policy_version == vs[0]
     # Weight folders: the last few only.
-    kept = sorted(p.name for p in (engine.weights_dir).iterdir() if not p.name.startswith("."))
+    kept = sorted(p.name for p in (engine.weights_dir).iterdir() if p.name.startswith("v"))
     assert kept == [f"v{v0 + k}" for k in (3, 4, 5)]
     # A turn served wholly by the newest weights matches the trainer on those weights.
     c = _client(server)
@@ -275,9 +277,15 @@ def test_lora_publish_routes_new_requests_to_the_newest_adapter(vllm_gateway, to
             if "lora_B" in n:
                 p.normal_(0, 0.5)  # a non-trivial delta
     cfg_dict = json.loads(json.dumps(pm.peft_config["default"].to_dict(), default=list))
+    lora_sd = {k: t.detach().clone() for k, t in get_peft_model_state_dict(pm).items()}
+    # Adapters apply to the base weights: put them back first (earlier tests published others).
+    from clawloop.engines.hf import load_state_dict_from_dir
+
+    handle.run(engine.publish(load_state_dict_from_dir(tool_model_dir), engine.policy_version + 1))
     v = engine.policy_version + 1
-    handle.run(engine.publish(LoraAdapter({k: t.detach().clone() for k, t in get_peft_model_state_dict(pm).items()},
-                                          cfg_dict), v))
+    with pytest.raises(ValueError, match="no tensors"):  # an empty adapter would crash vLLM: refused first
+        handle.run(engine.publish(LoraAdapter({}, cfg_dict), v))
+    handle.run(engine.publish(LoraAdapter(lora_sd, cfg_dict), v))
     assert engine.policy_version == v
     r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 3+4?"}],
                                   max_tokens=12, temperature=1.0, seed=9, extra_body={"return_token_ids": True})
@@ -288,8 +296,7 @@ def test_lora_publish_routes_new_requests_to_the_newest_adapter(vllm_gateway, to
     mine = _recompute_logprobs(sd, tool_model_dir, r.model_extra["prompt_token_ids"], ids)
     assert max(abs(a - b) for a, b in zip(mine, r.choices[0].model_extra["token_logprobs"])) < 2e-3
     # A second adapter: new requests move to it, the first is unloaded once drained.
-    handle.run(engine.publish(LoraAdapter({k: t.detach().clone() * 0.5 for k, t in
-                                           get_peft_model_state_dict(pm).items()}, cfg_dict), v + 1))
+    handle.run(engine.publish(LoraAdapter({k: t * 0.5 for k, t in lora_sd.items()}, cfg_dict), v + 1))
     r2 = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                    extra_body={"return_token_ids": True})
     assert r2.model_extra["policy_version"] == v + 1

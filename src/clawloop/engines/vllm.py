@@ -237,6 +237,8 @@ class VLLMEngine:
         self.keep_weights = max(1, keep_weights)
         self.max_logprobs = max_logprobs
         self.python = python
+        self.serve_dir = self.model_path
+        """The folder vLLM loads (an untied copy for tied-embedding models; see `_untied_model_dir`)."""
         self._version = policy_version
         self._weights_path: str | None = None
         """The folder of the weights now served (None: the base model at `model_path`)."""
@@ -309,8 +311,13 @@ class VLLMEngine:
         self._awake.set()
         try:
             if self.managed:
+                self.serve_dir = await asyncio.to_thread(self._untied_model_dir)
                 for r in self.replicas:
                     self._spawn(r)
+            elif self._tied():
+                log.warning("%s ties lm_head to the embeddings: vLLM's in-place reload leaves a tied lm_head "
+                            "on the old weights; start the attached server on an untied copy (clawloop does "
+                            "this for servers it starts) or publish LoRA adapters", self.model_path)
             await asyncio.gather(*(self._wait_healthy(r, self.start_timeout_s, first=True) for r in self.replicas))
             for r in self.replicas:
                 await self._bring_to_current(r)
@@ -475,6 +482,9 @@ class VLLMEngine:
             version = int(version)
             try:
                 if isinstance(weights, LoraAdapter):
+                    if not weights.state_dict or not any("lora_" in k for k in weights.state_dict):
+                        raise ValueError("publish: the LoRA adapter has no tensors (lora_A/lora_B); vLLM would "
+                                         "crash loading it")
                     path = await asyncio.to_thread(self._write_adapter, weights, version)
                     await self._publish_adapter(path, version)
                 else:
@@ -574,11 +584,68 @@ class VLLMEngine:
 
         asyncio.get_running_loop().create_task(unload())
 
+    def _tied(self) -> bool:
+        cfg = json.loads((Path(self.model_path) / "config.json").read_text())
+        return bool(cfg.get("tie_word_embeddings", cfg.get("text_config", {}).get("tie_word_embeddings", False)))
+
+    def _untied_model_dir(self) -> str:
+        """The folder to start vLLM on. vLLM 0.32's in-place `reload_weights` re-creates the
+        embedding but leaves a *tied* lm_head on the old values (measured: logprobs matched a
+        model with new embeddings and the old head, 1e-6). So for a tied model vLLM serves an
+        untied copy: the same files (symlinked), `tie_word_embeddings: false`, and the head
+        written out as its own tensor; every publish then carries `lm_head.weight` explicitly.
+        Costs one vocab x hidden matrix of engine memory, nothing on the trainer side."""
+        if not self._tied():
+            return self.model_path
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        src = Path(self.model_path).resolve()
+        out = self.weights_dir / "base-untied"
+        stamp = out / ".source"
+        if stamp.exists() and stamp.read_text() == str(src):
+            return str(out)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp = self.weights_dir / f".base-untied.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        embed = None
+        for f in sorted(src.iterdir()):
+            if f.name == "config.json" or not f.is_file():
+                continue
+            (tmp / f.name).symlink_to(f)
+            if f.suffix == ".safetensors" and embed is None:
+                with safe_open(str(f), "pt") as h:
+                    key = next((k for k in h.keys() if k.endswith("embed_tokens.weight")), None)
+                    if key is not None:
+                        embed = h.get_tensor(key)
+        if embed is None:
+            raise RuntimeError(f"{src}: tied embeddings but no *embed_tokens.weight in its safetensors")
+        save_file({"lm_head.weight": embed.contiguous()}, str(tmp / "zz-lm_head.safetensors"),
+                  metadata={"format": "pt"})
+        index = src / "model.safetensors.index.json"
+        if index.exists():
+            data = json.loads(index.read_text())
+            data["weight_map"]["lm_head.weight"] = "zz-lm_head.safetensors"
+            (tmp / index.name).unlink()
+            (tmp / index.name).write_text(json.dumps(data))
+        cfg = json.loads((src / "config.json").read_text())
+        cfg["tie_word_embeddings"] = False
+        if isinstance(cfg.get("text_config"), dict):
+            cfg["text_config"]["tie_word_embeddings"] = False
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        (tmp / ".source").write_text(str(src))
+        os.replace(tmp, out)
+        return str(out)
+
     def _write_full(self, weights: Mapping[str, Any], version: int) -> str:
         """The state dict as safetensors in DATA_DIR/weights/vN (atomically: temp dir + rename)."""
         from safetensors.torch import save_file
 
         tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}  # no shared storage
+        if self.serve_dir != self.model_path and "lm_head.weight" not in tensors:
+            embed = next(k for k in tensors if k.endswith("embed_tokens.weight"))
+            tensors["lm_head.weight"] = tensors[embed].clone()  # the untied copy's head (see _untied_model_dir)
         return self._write_dir(f"v{version}", lambda d: save_file(tensors, str(d / "model.safetensors"),
                                                                    metadata={"format": "pt"}))
 
@@ -644,7 +711,7 @@ class VLLMEngine:
     def _spawn(self, r: Replica) -> None:
         port = _free_port()
         r.url = f"http://127.0.0.1:{port}"
-        args = ["--model", self.model_path, "--served-model-name", BASE_NAME, "--host", "127.0.0.1",
+        args = ["--model", self.serve_dir, "--served-model-name", BASE_NAME, "--host", "127.0.0.1",
                 "--port", str(port), "--max-model-len", str(self.max_model_len),
                 "--logprobs-mode", "raw_logprobs", "--max-logprobs", str(self.max_logprobs + 1),
                 "--enable-scale-out", "--disable-uvicorn-access-log"]
