@@ -261,15 +261,15 @@ class VLLMEngine:
     @classmethod
     def from_config(cls, cfg: Any) -> "VLLMEngine":
         m = cfg.model
+        python = None if m.engine_urls else find_vllm_python(m.vllm_python)
         path = m.path
         if not path:
             from clawloop.tinymodel.build import default_model_dir
 
             path = str(default_model_dir())
         if not Path(path).exists():
-            raise FileNotFoundError(f"model.path: {path} does not exist (a local HF folder: vLLM here never "
-                                    "downloads; build the tiny model with `clawloop tiny-model`)")
-        python = None if m.engine_urls else find_vllm_python(m.vllm_python)
+            raise ConfigError(f"model.path: {path} does not exist (a local HF folder: clawloop never downloads; "
+                              "build the tiny model with `clawloop tiny-model`)")
         gpus = list(cfg.train.rollout_gpus)
         replicas = m.engine_replicas
         if gpus and replicas == 1 and len(gpus) > 1:

@@ -326,6 +326,7 @@ class _Ctx:
             if self.req.return_token_ids:
                 ch["token_ids"] = c.ids
                 ch["token_logprobs"] = c.logprobs
+                ch["token_versions"] = c.versions  # differ only where a publish fell mid-response (vLLM)
             choices.append(ch)
         version = self.choices[0].version if self.choices[0].version is not None else gw.engine.policy_version
         body: dict[str, Any] = {"id": self.rid, "object": "chat.completion", "created": self.created,
