@@ -342,6 +342,113 @@ def test_crashed_replica_restarts_and_requests_never_hang(vllm_gateway):
     assert store.session_turns("during-crash-0")  # served during the crash, captured
 
 
+def _session_on(engine, index: int) -> str:
+    return next(f"s-{i}" for i in range(1000) if engine._route(f"s-{i}", set()).index == index)
+
+
+def test_cancelled_stream_aborts_the_vllm_request(vllm_gateway):
+    """The tiny model answers 900 tokens faster than a client can hang up, so the replica is
+    paused (requests freeze in place): the request is in vLLM when the client leaves. Had it
+    not been aborted, it would finish after the resume and be counted as `length`/`stop`."""
+    import httpx
+
+    server, engine, *_ = vllm_gateway
+    sid = _session_on(engine, 0)
+    replica_url = engine.replicas[0].url
+
+    def counts() -> dict[str, float]:
+        text = httpx.get(replica_url + "/metrics").text
+        out: dict[str, float] = {}
+        for ln in text.splitlines():
+            if ln.startswith(("vllm:request_success_total", "vllm:num_requests_running",
+                              "vllm:num_requests_waiting{")):
+                key = ln.split("{")[0] + (ln.split('finished_reason="')[1].split('"')[0]
+                                          if "finished_reason" in ln else "")
+                out[key] = out.get(key, 0.0) + float(ln.rsplit(" ", 1)[1])
+        return out
+
+    def finished() -> float:
+        c = counts()
+        return c["vllm:request_success_totallength"] + c["vllm:request_success_totalstop"]
+
+    c = _client(server)
+    for leave in (False, True):  # the control first: a paused request the client waits for does finish
+        before = finished()
+        httpx.post(replica_url + "/pause", params={"mode": "keep"})
+        try:
+            stream = c.chat.completions.create(model="m", stream=True, max_tokens=900,
+                                               messages=[{"role": "user", "content": "Tell me a story"}],
+                                               extra_headers={"X-Session-Id": sid})
+            it = iter(stream)
+            next(it)  # the role chunk: generation has been sent to vLLM
+            time.sleep(1.0)
+            if leave:
+                stream.close()  # the client goes away
+                time.sleep(1.0)
+        finally:
+            httpx.post(replica_url + "/resume")
+        if not leave:
+            list(it)
+        time.sleep(3.0)
+        after = counts()
+        assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
+        assert finished() == before + (0 if leave else 1)
+
+
+def test_hung_replica_ends_its_requests_and_is_replaced(vllm_gateway):
+    import httpx
+    import openai
+
+    server, engine, store, *_ = vllm_gateway
+    victim = engine.replicas[1]
+    sid = _session_on(engine, 1)
+    c = _client(server)
+    stream = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Tell me a story"}],
+                                       stream=True, max_tokens=900, temperature=1.0,
+                                       extra_headers={"X-Session-Id": sid})
+    it = iter(stream)
+    next(it)
+    next(it)
+    pgid = victim.process.pid
+    os.killpg(pgid, signal.SIGSTOP)  # alive but silent: a hang, not a crash
+    t0 = time.time()
+    try:
+        with pytest.raises(openai.APIError):
+            for _ in it:
+                pass
+        assert time.time() - t0 < 60  # ended by the health monitor, not by a 10-minute read timeout
+        assert httpx.get(server.url + "/health").json()["status"] == "degraded"
+        # New requests of that session go to the healthy replica meanwhile.
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                      extra_headers={"X-Session-Id": sid})
+        assert r.choices
+    finally:
+        try:
+            os.killpg(pgid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    _wait(lambda: httpx.get(server.url + "/health").json()["status"] == "ok", 900, "the replacement", every=2)
+    assert victim.process.pid != pgid
+    store.flush()
+    (turn,) = [t for t in store.session_turns(sid) if t.finish_reason == "abort"]
+    assert turn.response_ids and not turn.trainable  # what was streamed is kept, never trained on
+
+
+def test_judge_self_and_frozen_with_the_vllm_backend(vllm_gateway, tool_model_dir, tmp_path):  # noqa: F811
+    from clawloop.engines.vllm import VLLMEngine
+    from clawloop.judge.llm import EngineChatBackend
+    from clawloop.judge.loop import _frozen_engine
+
+    server, engine, _, handle, cfg = vllm_gateway
+    reply = handle.run(EngineChatBackend(engine).complete([{"role": "user", "content": "Was this right?"}],
+                                                          temperature=0.6, max_tokens=8))
+    assert isinstance(reply, str)
+    frozen = _frozen_engine(make_cfg(tool_model_dir, tmp_path, model__backend="vllm", train__use_lora="true",
+                                     model__engine_replicas="2"))
+    assert isinstance(frozen, VLLMEngine) and frozen.managed and len(frozen.replicas) == 1
+    assert frozen.lora_rank == 0 and frozen.data_dir == tmp_path / "judge-engine"
+
+
 def _pgroup_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

@@ -168,6 +168,8 @@ class Replica:
     version: int = 0
     """The weight version this replica serves to new requests."""
     restart_task: asyncio.Task | None = None
+    streams: set = field(default_factory=set)
+    """Open response streams; closed when the replica is taken down, so no request waits on a hung server."""
 
     @property
     def name(self) -> str:
@@ -415,8 +417,14 @@ class VLLMEngine:
             body["request_id"] = f"{request.request_id}-{os.urandom(4).hex()}"
         version_at_start = adapter.version if adapter is not None else r.version
         n = 0
+        opened = None
+        finished = False
         try:
             async with self._client.stream("POST", r.url + "/inference/v1/generate", json=body) as resp:
+                opened = resp
+                r.streams.add(resp)
+                if r.state != "up":  # taken down while this request connected
+                    raise EngineUnavailable(f"{r.name} is {r.state}")
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")[:500]
                     if resp.status_code >= 500 or resp.status_code in (404, 409, 503):
@@ -434,10 +442,16 @@ class VLLMEngine:
                     for ch in msg.get("choices") or []:
                         for ev in self._events(ch, r, adapter, version_at_start, n, k):
                             n += 1 if ev.token_id is not None else 0
+                            finished = ev.finish_reason is not None
                             yield ev
+            if not finished:  # the stream ended without a finish: never pass a cut response off as whole
+                raise EngineUnavailable(f"{r.name}: the stream ended before the response finished")
         except (httpx.TransportError, httpx.StreamError) as e:
             self._suspect(r, e)
             raise EngineUnavailable(f"{r.name} failed mid-request: {type(e).__name__}: {e}") from e
+        finally:
+            if opened is not None:
+                r.streams.discard(opened)
 
     def _events(self, ch: dict[str, Any], r: Replica, adapter: _Adapter | None, v0: int, n0: int,
                 k: int) -> list[TokenEvent]:
@@ -797,6 +811,9 @@ class VLLMEngine:
         if r.state in ("down", "restarting", "failed"):
             return
         r.state = "down"
+        for resp in list(r.streams):  # requests waiting on it end now (503 / error chunk), not at a timeout
+            asyncio.get_running_loop().create_task(resp.aclose())
+        r.streams.clear()
         if r.process is not None and self._running:
             r.restart_task = asyncio.get_running_loop().create_task(self._restart(r))
 

@@ -423,6 +423,8 @@ class _Ctx:
             for t in tasks:
                 if not t.done():
                     t.cancel()
+                elif not t.cancelled():
+                    t.exception()  # raised above already; retrieved so asyncio does not log it again
             gw.inflight -= 1
             gw.metrics.observe_request(status, time.perf_counter() - self.t0,
                                        sum(len(c.ids) for c in self.choices))
