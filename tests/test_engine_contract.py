@@ -151,3 +151,15 @@ def test_untied_copy_for_tied_models(random_model_dir, tmp_path):
     path = eng._write_full({"model.embed_tokens.weight": torch.ones(3, 2)}, 4)
     with safe_open(path + "/model.safetensors", "pt") as f:
         assert set(f.keys()) == {"model.embed_tokens.weight", "lm_head.weight"}
+
+
+def test_colocate_needs_cuda(random_model_dir, tmp_path):
+    import shutil
+
+    from clawloop.config import ConfigError
+    from clawloop.engines.vllm import VLLMEngine
+
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has CUDA: --colocate is allowed")
+    with pytest.raises(ConfigError, match="sleep_while_training"):
+        VLLMEngine(random_model_dir, urls=["http://127.0.0.1:9"], data_dir=tmp_path, sleep_mode=True)

@@ -459,10 +459,11 @@ def _pgroup_alive(pgid: int) -> bool:
         return True
 
 
-def test_up_backend_vllm_end_to_end_then_kill_9_leaves_no_vllm(tool_model_dir, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_up_backend_vllm_end_to_end_then_kill_9_leaves_no_vllm(tool_model_dir, tmp_path, mode):  # noqa: F811
     """The done-when path: `clawloop up --backend vllm`, a session with corrections judged and
     trained on, the served version advancing with zero failed requests, export token-exact;
-    then SIGKILL to clawloop, and vLLM goes too."""
+    then SIGKILL to clawloop, and vLLM goes too. `lora`: the trainer's own adapters hot-loaded."""
     import httpx
 
     _vllm_python()
@@ -471,6 +472,8 @@ def test_up_backend_vllm_end_to_end_then_kill_9_leaves_no_vllm(tool_model_dir, t
     cmd = [sys.executable, "-m", "clawloop.cli", "up", "--backend", "vllm", "--model-path", str(tool_model_dir),
            "--data-dir", str(data), "--port", str(port), "--rollout-batch-size", "2", "--lr", "1e-4",
            "--method", "binary", "--model-max-model-len", "1024"]
+    if mode == "lora":
+        cmd += ["--use-lora", "--lora-rank", "8"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     threading.Thread(target=lambda: [lines.append(ln) for ln in proc.stdout], daemon=True).start()
@@ -509,6 +512,11 @@ def test_up_backend_vllm_end_to_end_then_kill_9_leaves_no_vllm(tool_model_dir, t
         assert failures == 0
         _wait(lambda: httpx.get(url + "/health").json()["policy_version"] >= 1, 600, "a published train step",
               every=2)
+        published = list((data / "weights").glob("v*"))
+        assert published and all(p.name.endswith("-lora") == (mode == "lora") for p in published)
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                      extra_body={"return_token_ids": True})
+        assert r.model_extra["policy_version"] >= 1  # new requests are served by the trained weights
         stream = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
                                            stream=True)
         assert [ch for ch in stream]

@@ -232,6 +232,9 @@ class VLLMEngine:
         self.extra_args = list(extra_args or [])
         self.gpus = list(gpus or [])
         self.sleep_mode = sleep_mode
+        if sleep_mode and not _has_cuda():
+            raise ConfigError("model.sleep_while_training: --colocate uses vLLM's sleep mode, which vLLM has on "
+                              "CUDA only; on CPU the trainer and vLLM share the cores without it")
         self.start_timeout_s = start_timeout_s
         self.request_timeout_s = request_timeout_s
         self.health_interval_s = health_interval_s
@@ -705,19 +708,24 @@ class VLLMEngine:
 
     # -- colocated training ------------------------------------------------------------
     async def sleep(self) -> None:
-        """Free the GPU for a train step (vLLM sleep mode, level 1: weights offloaded to CPU,
-        KV cache dropped). New requests wait for `wake_up`; none is refused."""
+        """Free the GPU for a train step: requests already in vLLM finish (pause, mode wait),
+        then vLLM sleeps (level 1: weights offloaded to CPU memory, KV cache dropped). New
+        requests wait in clawloop for `wake_up`; none is refused."""
         if not self.sleep_mode:
             return
         self._awake.clear()
-        await asyncio.gather(*(self._post(r, "/sleep", params={"level": "1"}) for r in self.replicas
-                               if r.state == "up"))
+        up = [r for r in self.replicas if r.state == "up"]
+        await asyncio.gather(*(self._post(r, "/pause", params={"mode": "wait"}, timeout=self.request_timeout_s)
+                               for r in up))
+        await asyncio.gather(*(self._post(r, "/sleep", params={"level": "1"}, timeout=300) for r in up))
 
     async def wake_up(self) -> None:
         if not self.sleep_mode:
             return
         try:
-            await asyncio.gather(*(self._post(r, "/wake_up") for r in self.replicas if r.state == "up"))
+            up = [r for r in self.replicas if r.state == "up"]
+            await asyncio.gather(*(self._post(r, "/wake_up", timeout=300) for r in up))
+            await asyncio.gather(*(self._post(r, "/resume") for r in up))
         finally:
             self._awake.set()
 
