@@ -49,6 +49,11 @@ class Turn:
     final: bool = False
     """True when the session closed after this turn (judge it without a next state)."""
     trainable: bool = True
+    tenant: str = ""
+    """The API key's tenant name that served this turn ("" when the server has no keys)."""
+    sampling: dict[str, Any] | None = None
+    """How the response was sampled: `temperature`, `top_p`, `seed`, and `logprobs` (the convention of
+    `response_logprobs`: "raw" = the unmodified distribution at temperature 1)."""
     request_id: str = ""
     choice_index: int = 0
     created_at: float = field(default_factory=time.time)
