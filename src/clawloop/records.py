@@ -106,6 +106,9 @@ class Sample:
     hint: str | None = None
     policy_version: int = 0
     """The OLDEST version among the response tokens (what the staleness histogram counts)."""
+    sampling: dict[str, Any] | None = None
+    """How the response was sampled (`Turn.sampling`): temperature / top_p other than 1 make the
+    behaviour policy differ from the raw logprobs in `rollout_logprobs`; the trainer corrects for it."""
     rollout_versions: list[int] | None = None
     """Version of the weights behind each token, aligned with tokens (prompt positions hold the first
     response token's version); None: every token is `policy_version`. Differs within a sample only when
@@ -152,6 +155,7 @@ class Sample:
             hint=judgement.hint if judgement is not None else None,
             policy_version=oldest,
             rollout_versions=versions,
+            sampling=turn.sampling,
             turn_id=turn.id,
             messages=turn.messages,
             tools=turn.tools,

@@ -7,7 +7,8 @@
     combine.py     combine_loss           w_rl * score + w_opd * (teacher - old)
     topk.py        topk_distill_loss      reverse KL over the teacher's top-K + a tail bucket
     kl.py          kl_loss, entropy_bonus KL to a reference (k1/k2/k3), entropy; both off by default
-    offpolicy.py   tis_weights, staleness_filter, staleness_token_mask   engine/trainer mismatch, stale samples
+    offpolicy.py   tis_weights, behaviour_logprobs, staleness_filter, staleness_token_mask
+                   engine/trainer mismatch, sampling at T != 1 / top-p, stale samples
     aggregation.py aggregate              token-mean, seq-mean-*, fixed denominator
     plugins.py     load_custom_loss       --custom-loss-function-path file.py:fn
 
@@ -27,6 +28,7 @@ from clawloop.losses.binary import binary_rl_loss
 from clawloop.losses.combine import combine_loss, combined_advantages
 from clawloop.losses.kl import KL_KINDS, entropy_bonus, entropy_from_logits, kl_loss, kl_penalty
 from clawloop.losses.offpolicy import (
+    behaviour_logprobs,
     logprob_diff_stats,
     staleness_filter,
     staleness_histogram,
@@ -75,5 +77,6 @@ __all__ = [
     "staleness_histogram",
     "staleness_token_mask",
     "tis_weights",
+    "behaviour_logprobs",
     "topk_distill_loss",
 ]

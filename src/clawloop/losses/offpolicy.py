@@ -86,6 +86,38 @@ def logprob_diff_stats(
     }
 
 
+def behaviour_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+) -> torch.Tensor:
+    """log q(target) under the distribution a token was *sampled* from: softmax(logits / T)
+    renormalised over the top-p nucleus. (B, T) from logits (B, T, V), targets (B, T) and
+    per-row temperature and top_p (B,).
+
+    Engines report logprobs of the unmodified distribution (temperature 1, no top-p): the
+    quantity the trainer recomputes. When a turn was sampled at T != 1 or top_p < 1, those are
+    not the behaviour policy's, and importance weights against them are wrong. The nucleus rule
+    is the hf engine's: sorted by probability, a token is kept while the mass before it is
+    <= top_p. T <= 0 is greedy: q is a point mass, log q = 0 at the argmax (the sampled token).
+    """
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError("logits must be (B, T, V) and targets (B, T)")
+    greedy = temperature <= 0  # (B,)
+    t = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)  # (B,)
+    lq_all = torch.log_softmax(logits / t[:, None, None], dim=-1)  # (B, T, V)
+    lq = lq_all.gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
+    nucleus = top_p < 1.0  # (B,)
+    if bool(nucleus.any()):
+        p_sorted, _ = torch.sort(lq_all.exp(), dim=-1, descending=True)  # (B, T, V)
+        before = p_sorted.cumsum(-1) - p_sorted  # mass of the tokens ranked above
+        kept = before <= top_p.to(logits.dtype)[:, None, None]  # (B, T, V)
+        mass = (p_sorted * kept).sum(-1).clamp_min(1e-30)  # (B, T)
+        lq = torch.where(nucleus[:, None], lq - mass.log(), lq)
+    return torch.where(greedy[:, None], torch.zeros_like(lq), lq)
+
+
 def staleness_filter(
     versions: torch.Tensor | Sequence[int],
     current_version: int,

@@ -59,6 +59,7 @@ from clawloop.losses import (
     staleness_histogram,
     staleness_token_mask,
     tis_weights,
+    behaviour_logprobs,
 )
 from clawloop.engines.base import LoraAdapter
 from clawloop.records import Sample
@@ -90,6 +91,13 @@ class _Batch:
     teacher_lp: torch.Tensor | None  # (B, L-1) nan rows where no teacher
     adv: torch.Tensor | None  # (B, L-1) precomputed advantages (rollout-buffer groups)
     ref_lp: torch.Tensor | None  # (B, L-1)
+    temperature: torch.Tensor  # (B,) sampling temperature (1: the raw distribution)
+    top_p: torch.Tensor  # (B,)
+
+    @property
+    def tempered(self) -> torch.Tensor:
+        """(B,) rows sampled from something other than the raw distribution the engine logprobs describe."""
+        return (self.temperature != 1.0) | (self.top_p < 1.0)
 
 
 def resolve_train_device(device: str = "auto", train_gpus: Sequence[Any] = ()) -> torch.device:
@@ -145,6 +153,12 @@ def _pad(rows: list[list[Any]], value: Any, dtype: torch.dtype, device: torch.de
     for i, r in enumerate(rows):
         out[i, :len(r)] = torch.tensor(r, dtype=dtype)
     return out if device is None else out.to(device)
+
+
+def _sampling(s: Sample, key: str) -> float:
+    """A sample's sampling parameter; 1.0 (the raw distribution) when it was not recorded."""
+    v = (s.sampling or {}).get(key)
+    return 1.0 if v is None else float(v)
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -368,7 +382,9 @@ class Trainer:
         if ref and self.frozen is not None:
             with torch.no_grad():
                 ref_lp, _ = token_logprobs(self.frozen, tokens, attn, autocast_dtype=self.autocast_dtype)
-        return _Batch(tokens, attn, mask, engine_lp, has_engine, scores, tl, adv, ref_lp)
+        temps = torch.tensor([_sampling(s, "temperature") for s in samples], device=dev)  # (B,)
+        top_p = torch.tensor([_sampling(s, "top_p") for s in samples], device=dev)  # (B,)
+        return _Batch(tokens, attn, mask, engine_lp, has_engine, scores, tl, adv, ref_lp, temps, top_p)
 
     def _mask_stale_tokens(self, samples: list[Sample], current: int) -> tuple[list[Sample], int, int]:
         """The staleness bound per token: (samples with stale response tokens taken out of their loss
@@ -416,12 +432,24 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         acc: dict[str, list[float]] = {}
         n_tokens = 0
+        n_tempered = 0
         for b in tensors:
-            lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=t.entropy_coef > 0,
+            tempered = bool(b.tempered.any())
+            lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=t.entropy_coef > 0 or tempered,
                                         autocast_dtype=self.autocast_dtype)  # (B, L-1)
             old = lp.detach()
-            is_w, tis_stats = tis_weights(old, torch.where(b.has_engine_lp[:, None], b.engine_lp, old), b.mask,
-                                          cap=t.tis_cap or None)
+            behaviour = torch.where(b.has_engine_lp[:, None], b.engine_lp, old)  # (B, L-1)
+            if tempered:
+                # Sampled at T != 1 / top-p < 1: the behaviour logprob is the tempered, truncated one.
+                # The trainer's logits stand in for the engine's; the engine/trainer drift measured on
+                # the raw distribution (engine - old) is carried over, so with T = 1 this is exact.
+                with torch.no_grad():
+                    lq = behaviour_logprobs(logits.detach(), b.tokens[:, 1:], b.temperature, b.top_p)  # (B, L-1)
+                behaviour = torch.where(b.tempered[:, None], lq + (behaviour - old), behaviour)
+                n_tempered += int(b.tempered.sum())
+            is_w, tis_stats = tis_weights(old, behaviour, b.mask, cap=t.tis_cap or None)
+            if t.entropy_coef <= 0:
+                logits = None
             if b.adv is not None:
                 adv, adv_stats = b.adv * b.mask, {}
             else:
@@ -463,7 +491,7 @@ class Trainer:
             "train/samples": float(len(samples)), "train/micro_batches": float(len(batches)),
             "train/tokens": float(n_tokens), "train/tokens_per_s": n_tokens / dt if dt > 0 else 0.0,
             "train/step_s": dt, "train/grad_norm": float(grad_norm) if math.isfinite(float(grad_norm)) else -1.0,
-            "train/zero_adv_frac": zero_adv / len(samples), "train/lr": t.lr,
+            "train/zero_adv_frac": zero_adv / len(samples), "train/tempered_samples": float(n_tempered), "train/lr": t.lr,
         })
         if stats.get("train/logprob_diff_abs_mean", 0.0) > 0.5:
             log.warning("trainer and engine logprobs differ by %.3f on average: check that the engine serves the "
