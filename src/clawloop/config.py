@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import shlex
 import typing
 from dataclasses import dataclass, field
@@ -84,12 +85,24 @@ class ModelConfig:
 class ServeConfig:
     host: str = opt("127.0.0.1", "Address the gateway binds.", flags=("--host",), env=("OPENCLAW_HOST",))
     port: int = opt(8000, "Port the gateway binds.", flags=("--port",), env=("OPENCLAW_PORT",))
-    api_keys: list = opt([], "API keys clients must send as `Authorization: Bearer KEY`; empty: none needed.",
+    api_keys: list = opt([], "API keys clients must send as `Authorization: Bearer KEY` (repeatable): `NAME=KEY` "
+                             "makes the key tenant NAME, a bare `KEY` is tenant `default`. Each tenant's turns carry "
+                             "its name and its session ids are its own. Empty: no key needed.",
                          flags=("--api-key",), env=("OPENCLAW_API_KEY", "CLAWLOOP_API_KEY"))
     insecure: bool = opt(False, "Allow binding a non-loopback address without an API key.")
+    metrics_auth: bool = opt(False, "Ask for an API key (any tenant's) on /metrics too (needs --api-key).",
+                             flags=("--metrics-auth",))
     served_model_name: str = opt("clawloop", "Model id reported by /v1/models (any id is accepted in requests).")
     max_body_bytes: int = opt(8 * 1024 * 1024, "Largest request body; bigger bodies get a 413.")
     default_max_tokens: int = opt(256, "Completion length when the request sets none.")
+    max_concurrent_generations: int = opt(128, "Choices generated at once over all requests (a request with n "
+                                               "choices takes n); the rest wait in the queue.",
+                                          flags=("--max-concurrent-generations",))
+    max_queued_requests: int = opt(512, "Requests that may wait for generation slots; one more gets a 429 "
+                                        "with Retry-After.", flags=("--max-queued-requests",))
+    request_timeout_s: float = opt(600.0, "Longest a chat request may take, queueing included (0: no limit); "
+                                          "then it gets a 504 and its generation is aborted.",
+                                   flags=("--request-timeout",))
     status: bool = opt(True, "Live terminal status (only when stdout is a terminal).")
 
 
@@ -450,6 +463,12 @@ def validate(cfg: Config) -> None:
          "--source buffer needs --buffer-url")
     need(0.0 <= cfg.buffer.min_group_ratio <= 1.0, "buffer.min_group_ratio", "must be in [0, 1]")
     need(cfg.serve.max_body_bytes > 0, "serve.max_body_bytes", "must be > 0")
+    need(cfg.serve.max_concurrent_generations >= 1, "serve.max_concurrent_generations", "must be >= 1")
+    need(cfg.serve.max_queued_requests >= 0, "serve.max_queued_requests", "must be >= 0")
+    need(cfg.serve.request_timeout_s >= 0, "serve.request_timeout_s", "must be >= 0 (0: no limit)")
+    need(not cfg.serve.metrics_auth or bool(cfg.serve.api_keys), "serve.metrics_auth",
+         "--metrics-auth needs at least one --api-key")
+    api_key_tenants(cfg.serve.api_keys)  # raises on an empty or repeated key
     need(cfg.model.engine_replicas >= 1, "model.engine_replicas", "must be >= 1")
     need(not cfg.model.engine_urls or cfg.model.backend == "vllm", "model.engine_urls",
          "--engine-url attaches to vLLM servers: it needs --backend vllm")
@@ -463,18 +482,63 @@ def validate(cfg: Config) -> None:
         need(all(str(i).isdigit() for i in ids), key, f"must be GPU ids like 0,1,2, got {','.join(map(str, ids))!r}")
 
 
+DEFAULT_TENANT = "default"
+_TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def parse_api_key(entry: str) -> tuple[str, str]:
+    """`NAME=KEY` → (NAME, KEY); a bare `KEY` → ("default", KEY). NAME is 1-64 of `A-Za-z0-9_.-`.
+    A bare key that ends in `=` padding stays one key; a key with `=` inside needs the NAME= form."""
+    name, sep, key = entry.partition("=")
+    if sep and _TENANT.fullmatch(name) and key.strip("="):
+        return name, key
+    return DEFAULT_TENANT, entry
+
+
+def api_key_tenants(entries: list[str]) -> list[tuple[str, str]]:
+    """(tenant, key) per configured key; an empty or repeated key is a ConfigError."""
+    out, seen = [], set()
+    for entry in entries:
+        tenant, key = parse_api_key(str(entry))
+        if not key.strip():
+            raise ConfigError(f"serve.api_keys: tenant {tenant!r} has an empty key")
+        if key in seen:
+            raise ConfigError(f"serve.api_keys: a key is given twice (tenant {tenant!r})")
+        seen.add(key)
+        out.append((tenant, key))
+    return out
+
+
+def _mask_key(entry: str) -> str:
+    tenant, key = parse_api_key(entry)
+    return "***" if key == entry else f"{tenant}=***"
+
+
+_URL_USERINFO = re.compile(r"(://)[^/@\s]+@")
+
+
+def redacted(cfg: Config) -> dict[str, Any]:
+    """The config as a dict with every secret masked (tenant names kept, passwords in URLs
+    too): what may be written to disk or uploaded (W&B)."""
+    data = to_dict(cfg)
+    data["serve"]["api_keys"] = [_mask_key(str(e)) for e in cfg.serve.api_keys]
+    if data["judge"]["api_key"]:
+        data["judge"]["api_key"] = "***"
+    data["judge"]["url"] = _URL_USERINFO.sub(r"\1***@", data["judge"]["url"])
+    data["train"]["buffer_url"] = _URL_USERINFO.sub(r"\1***@", data["train"]["buffer_url"])
+    data["model"]["engine_urls"] = [_URL_USERINFO.sub(r"\1***@", u) for u in data["model"]["engine_urls"]]
+    return data
+
+
 def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
 def write_resolved(cfg: Config, data_dir: str | Path | None = None) -> Path:
-    """Write the resolved config (API keys masked) atomically into the data dir."""
+    """Write the resolved config (secrets masked, see `redacted`) atomically into the data dir."""
     d = Path(data_dir or cfg.data_dir)
     d.mkdir(parents=True, exist_ok=True)
-    data = to_dict(cfg)
-    data["serve"]["api_keys"] = ["***"] * len(cfg.serve.api_keys)
-    if data["judge"]["api_key"]:
-        data["judge"]["api_key"] = "***"
+    data = redacted(cfg)
     out = d / "config.resolved.yaml"
     tmp = out.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False))

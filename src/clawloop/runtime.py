@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import uvicorn
 
-from clawloop.config import Config, write_resolved
+from clawloop.config import Config, redacted, write_resolved
 from clawloop.engines import make_engine
 from clawloop.gateway import check_bind, create_app
 from clawloop.store import Store
@@ -86,7 +86,7 @@ async def export_metrics(cfg: Config, parts: dict[str, Any], every_s: float = 5.
         try:
             import wandb
 
-            run = wandb.init(project=os.environ["WANDB_PROJECT"], config=__import__("dataclasses").asdict(cfg))
+            run = wandb.init(project=os.environ["WANDB_PROJECT"], config=redacted(cfg))  # no keys uploaded
             sinks.append(lambda stats, step: run.log(stats, step=step))
         except ImportError:
             log.warning("WANDB_PROJECT is set but wandb is not installed")

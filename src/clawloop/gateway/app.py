@@ -8,13 +8,31 @@ GET /health, GET /metrics. Errors use OpenAI's shape. Extension fields a
 trainer-side client may send: `return_token_ids: true` adds the prompt ids,
 each choice's sampled ids and logprobs and the policy version to the reply;
 `session_id`, `turn_type`, `session_done` mirror the X-Session-* headers.
-Every reply carries `X-Policy-Version`.
+Every reply carries `X-Policy-Version`: the version of the tokens sent. A
+stream's headers leave before its first token exists, so there (and in the
+role chunk's `policy_version`) it is the engine's version when the request was
+accepted; every later chunk's `system_fingerprint` is the version of the
+tokens it carries, and the finish chunk (with `return_token_ids`) the turn's.
+
+API keys are tenants (`--api-key NAME=KEY`): the tenant's name goes on every
+turn it captures and its session ids are namespaced (`NAME/SESSION`), so one
+tenant can neither link into nor read another's sessions.
+
+Limits answer in OpenAI's error shape: a full generation queue or an
+overloaded store is a 429 with `Retry-After`, a request past
+`serve.request_timeout_s` a 504 (generation aborted, what was generated kept
+as an aborted turn), an unexpected failure a 500 whose body carries only a
+request id that the server log also has.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import hashlib
+import hmac
+import inspect
 import ipaddress
 import json
 import logging
@@ -25,18 +43,22 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from clawloop.config import api_key_tenants
 from clawloop.engines.base import Engine, EngineUnavailable, GenerationRequest, SamplingParams, TokenEvent
 from clawloop.gateway.capture import Capture, TurnSlot
 from clawloop.gateway.metrics import Metrics
 from clawloop.gateway.protocol import APIError, ChatRequest, parse_chat_request, parse_json_body
-from clawloop.gateway.render import Detokenizer, TextStream, parse_tool_calls, render_prompt
+from clawloop.gateway.render import Detokenizer, TextStream, TokenPieces, parse_tool_calls, renderer_for
 from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
 
 log = logging.getLogger(__name__)
 
 StatsFn = Callable[[], dict[str, float]]
+RENDER_IN_THREAD_CHARS = 32_768
+"""Prompts with more content than this are rendered off the event loop (tokenizing megabytes takes seconds)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -56,6 +78,62 @@ def check_bind(host: str, api_keys: list[str], insecure: bool) -> None:
         raise ConfigError(
             f"serve.host: binding {host} exposes the API beyond this machine without an API key; "
             "pass --api-key KEY (or OPENCLAW_API_KEY), or --insecure if you really mean it")
+
+
+class _Slots:
+    """Generation slots: at most `capacity` choices generate at once; up to `max_queued` requests
+    wait for slots in arrival order, and one more is refused with a 429."""
+
+    def __init__(self, capacity: int, max_queued: int):
+        self.capacity, self.max_queued = capacity, max_queued
+        self.used = 0
+        self.waiters: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
+        self.rejected = 0
+
+    async def acquire(self, n: int, deadline: float | None) -> "_Lease":
+        """Slots for `n` choices; TimeoutError past `deadline` (event-loop time) while queued."""
+        n = min(n, self.capacity)
+        if not self.waiters and self.used + n <= self.capacity:
+            self.used += n
+            return _Lease(self, n)
+        if len(self.waiters) >= self.max_queued:
+            self.rejected += 1
+            raise APIError(429, "The server is at capacity (generation queue full); retry shortly.",
+                           code="rate_limit_exceeded", headers={"Retry-After": "1"})
+        entry = (n, asyncio.get_running_loop().create_future())
+        self.waiters.append(entry)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await entry[1]
+        except BaseException:
+            if entry[1].done() and not entry[1].cancelled():
+                self.release(n)  # granted just as we gave up
+            elif entry in self.waiters:
+                self.waiters.remove(entry)
+                self._wake()
+            raise
+        return _Lease(self, n)
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        self._wake()
+
+    def _wake(self) -> None:
+        while self.waiters and self.used + self.waiters[0][0] <= self.capacity:
+            n, fut = self.waiters.popleft()
+            if not fut.done():
+                self.used += n
+                fut.set_result(None)
+
+
+class _Lease:
+    def __init__(self, slots: _Slots, n: int):
+        self.slots, self.n = slots, n
+
+    def release(self) -> None:
+        if self.n:
+            n, self.n = self.n, 0
+            self.slots.release(n)
 
 
 @dataclass
@@ -92,13 +170,29 @@ class Gateway:
         self.metrics.add_stats(self.all_stats)
         self.inflight = 0
         self.requests = 0
+        self.timeouts = 0
+        self.store_refusals = 0
         self.started_at = time.time()
         self._eos = set(getattr(engine, "eos_token_ids", ()) or ())
         if self.tok.eos_token_id is not None:
             self._eos.add(self.tok.eos_token_id)
+        self.renderer = renderer_for(self.tok)
+        self.pieces = TokenPieces(self.tok)
+        # Keys are compared as SHA-256 digests, all of them every time: no timing tells which one was close.
+        self._keys = [(tenant, hashlib.sha256(key.encode()).digest())
+                      for tenant, key in api_key_tenants(list(cfg.serve.api_keys))]
+        self.slots = _Slots(cfg.serve.max_concurrent_generations, cfg.serve.max_queued_requests)
+        # What this Capture's begin() takes beyond the basics (it grows: tenant, prompt ids, tools).
+        self._begin_extras = (set(inspect.signature(self.capture.begin).parameters) & {"tenant", "prompt_ids", "tools"}
+                              if self.capture is not None else set())
 
     def all_stats(self) -> dict[str, float]:
-        out: dict[str, float] = {"gateway/inflight": float(self.inflight), "gateway/requests": float(self.requests)}
+        out: dict[str, float] = {"gateway/inflight": float(self.inflight), "gateway/requests": float(self.requests),
+                                 "gateway/generation_slots_used": float(self.slots.used),
+                                 "gateway/queued": float(len(self.slots.waiters)),
+                                 "gateway/queue_full_refusals": float(self.slots.rejected),
+                                 "gateway/store_overload_refusals": float(self.store_refusals),
+                                 "gateway/timeouts": float(self.timeouts)}
         for fn in self.stats_fns:
             try:
                 out.update(fn())
@@ -107,16 +201,23 @@ class Gateway:
         return out
 
     # -- request handling --------------------------------------------------
-    def check_auth(self, request: Request) -> None:
-        keys = self.cfg.serve.api_keys
-        if not keys:
-            return
+    def check_auth(self, request: Request) -> str:
+        """The tenant the request's key belongs to ("" when the server has no keys); 401 otherwise."""
+        if not self._keys:
+            return ""
         auth = request.headers.get("authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-        if token not in keys:
+        digest = hashlib.sha256(token.encode()).digest()
+        tenant = ""
+        for name, key in self._keys:  # no early exit
+            if hmac.compare_digest(digest, key):
+                tenant = name
+        if not token or not tenant:
             raise APIError(401, "Incorrect API key provided." if token else
                            "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
                            code="invalid_api_key")
+        request.state.tenant = tenant
+        return tenant
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.cfg.serve.max_body_bytes
@@ -132,9 +233,11 @@ class Gateway:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def session_of(self, request: Request, req: ChatRequest) -> tuple[str | None, str, bool]:
+    def session_of(self, request: Request, req: ChatRequest, tenant: str = "") -> tuple[str | None, str, bool]:
         h = request.headers
         sid = h.get("x-session-id") or req.session_id or req.user
+        if sid and tenant:
+            sid = f"{tenant}/{sid}"  # tenant names have no '/': no tenant can name another's session
         tt = (h.get("x-turn-type") or req.turn_type or TURN_MAIN).strip().lower()
         if tt not in (TURN_MAIN, TURN_SIDE):
             raise APIError(400, f"Invalid X-Turn-Type {tt!r}: expected 'main' or 'side'.", param="X-Turn-Type",
@@ -142,40 +245,90 @@ class Gateway:
         done = h.get("x-session-done", "").strip().lower() in ("1", "true", "yes") or req.session_done
         return sid, tt, done
 
+    async def render(self, req: ChatRequest, use_tools: bool, max_len: int) -> list[int]:
+        tools = req.tools if use_tools else None
+        chars = sum(len(m.get("content") or "") for m in req.messages)
+        chars += sum(len(c["function"]["arguments"]) for m in req.messages for c in m.get("tool_calls", ()))
+        if tools:
+            chars += len(json.dumps(tools))
+        if (least := self.renderer.min_tokens(chars)) >= max_len:  # refused without tokenizing megabytes
+            raise APIError(400, f"This model's maximum context length is {max_len} tokens; your messages "
+                           f"use at least {least}.", param="messages", code="context_length_exceeded")
+        try:
+            if chars > RENDER_IN_THREAD_CHARS:
+                return await asyncio.to_thread(self.renderer.render, req.messages, tools,
+                                               continue_final=req.continue_final_message)
+            return self.renderer.render(req.messages, tools, continue_final=req.continue_final_message)
+        except Exception as e:  # a template that rejects the conversation (e.g. role order)
+            import jinja2
+
+            if isinstance(e, jinja2.TemplateError):  # the template's own message, written for users
+                why = f": {e}"
+            else:
+                log.info("rendering the messages failed: %s: %s", type(e).__name__, e)
+                why = f" ({type(e).__name__})"
+            raise APIError(400, f"The messages could not be rendered with the model's chat template{why}",
+                           param="messages", code="invalid_value") from None
+
+    def check_store(self) -> None:
+        """429 while the store's writer is too far behind (stores that can tell)."""
+        overloaded = getattr(self.store, "overloaded", None) if self.capture is not None else None
+        if callable(overloaded) and overloaded():
+            self.store_refusals += 1
+            raise APIError(429, "The server is storing turns slower than they arrive; retry shortly.",
+                           code="capture_overloaded", headers={"Retry-After": "2"})
+
+    def begin_capture(self, sid: str | None, turn_type: str, messages: list[dict[str, Any]], done: bool, *,
+                      tenant: str, prompt_ids: list[int], tools: list[dict[str, Any]] | None) -> TurnSlot | None:
+        if self.capture is None:
+            return None
+        extras = {"tenant": tenant, "prompt_ids": prompt_ids, "tools": tools}
+        return self.capture.begin(sid, turn_type, messages, done,
+                                  **{k: v for k, v in extras.items() if k in self._begin_extras})
+
     async def chat(self, request: Request) -> Response:
         t0 = time.perf_counter()
+        timeout = self.cfg.serve.request_timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout if timeout > 0 else None
         self.requests += 1
-        self.check_auth(request)
+        tenant = self.check_auth(request)
         body = parse_json_body(await self.read_body(request))
         max_len = self.cfg.model.max_model_len
         req = parse_chat_request(body, max_len)
-        sid, turn_type, done = self.session_of(request, req)
+        sid, turn_type, done = self.session_of(request, req, tenant)
         use_tools = bool(req.tools) and req.tool_choice != "none"
-        try:
-            prompt_ids = render_prompt(self.tok, req.messages, req.tools if use_tools else None,
-                                       continue_final=req.continue_final_message)
-        except Exception as e:  # a template that rejects the conversation (e.g. role order)
-            raise APIError(400, f"The messages could not be rendered with the model's chat template: {e}",
-                           param="messages", code="invalid_value")
+        prompt_ids = await self.render(req, use_tools, max_len)
         if len(prompt_ids) >= max_len:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens; your messages "
                            f"use {len(prompt_ids)}.", param="messages", code="context_length_exceeded")
         max_tokens = min(req.max_tokens or self.cfg.serve.default_max_tokens, max_len - len(prompt_ids))
-        slot = self.capture.begin(sid, turn_type, req.messages, done) if self.capture else None
+        if not getattr(self.engine, "available", True):
+            raise unavailable_error(EngineUnavailable("no inference engine replica is available; retry shortly"))
+        self.check_store()
+        try:
+            lease = await self.slots.acquire(req.n, deadline)
+        except TimeoutError:
+            self.timeouts += 1
+            raise timeout_error(timeout) from None
+        try:
+            slot = self.begin_capture(sid, turn_type, req.messages, done, tenant=tenant, prompt_ids=prompt_ids,
+                                      tools=req.tools if use_tools else None)
+        except BaseException:
+            lease.release()
+            raise
+        version = self.engine.policy_version
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         choices = [_Choice(i, Detokenizer(self.tok), TextStream(req.stop, use_tools)) for i in range(req.n)]
         params = [SamplingParams(temperature=req.temperature, top_p=req.top_p, max_tokens=max_tokens,
-                                 seed=None if req.seed is None else req.seed + i,
+                                 seed=None if req.seed is None else choice_seed(req.seed, i),
                                  top_logprobs=req.top_logprobs) for i in range(req.n)]
-        ctx = _Ctx(self, req, rid, prompt_ids, choices, params, slot, sid, turn_type, use_tools, t0)
-        if not getattr(self.engine, "available", True):
-            if slot is not None:
-                self.capture.abandon(slot)
-            raise unavailable_error(EngineUnavailable("no inference engine replica is available; retry shortly"))
+        ctx = _Ctx(self, req, rid, prompt_ids, choices, params, slot, sid, turn_type, use_tools, t0,
+                   tenant=tenant, lease=lease, deadline=deadline, start_version=version)
         if req.stream:
+            # The headers leave before the first token: the version they name is the one at acceptance.
             return StreamingResponse(ctx.stream(), media_type="text/event-stream",
-                                     headers={"X-Policy-Version": str(self.engine.policy_version),
-                                              "Cache-Control": "no-cache"})
+                                     headers={"X-Policy-Version": str(version), "Cache-Control": "no-cache"},
+                                     background=BackgroundTask(ctx.close))
         return await ctx.complete()
 
 
@@ -184,23 +337,30 @@ class _Ctx:
 
     def __init__(self, gw: Gateway, req: ChatRequest, rid: str, prompt_ids: list[int], choices: list[_Choice],
                  params: list[SamplingParams], slot: TurnSlot | None, sid: str | None, turn_type: str,
-                 use_tools: bool, t0: float):
+                 use_tools: bool, t0: float, *, tenant: str = "", lease: _Lease | None = None,
+                 deadline: float | None = None, start_version: int = 0):
         self.gw, self.req, self.rid, self.prompt_ids = gw, req, rid, prompt_ids
         self.choices, self.params, self.slot = choices, params, slot
         self.sid, self.turn_type, self.use_tools, self.t0 = sid, turn_type, use_tools, t0
+        self.tenant, self.lease, self.deadline = tenant, lease, deadline
+        self.start_version = start_version
+        """The engine's version when the request was accepted (a stream's headers and role chunk)."""
         self.created = int(time.time())
         self.model = req.model or gw.cfg.serve.served_model_name
         self.captured = False
 
-    # -- per-token work ----------------------------------------------------
-    def _token_piece(self, tid: int) -> str:
-        return self.gw.tok.decode([tid], skip_special_tokens=False)
+    def close(self) -> None:
+        """Free the generation slots and the capture slot if nothing else did (idempotent): also
+        run after a stream whose body never started because the client left first."""
+        if self.lease is not None:
+            self.lease.release()
+        self.abandon()
 
+    # -- per-token work ----------------------------------------------------
     def _lp_entry(self, tid: int, lp: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
-        piece = self._token_piece(tid)
-        e: dict[str, Any] = {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
-        e["top_logprobs"] = [{"token": (p := self._token_piece(t)), "logprob": l, "bytes": list(p.encode("utf-8"))}
-                             for t, l in (top or [])]
+        pieces = self.gw.pieces
+        e: dict[str, Any] = {"token": pieces.text(tid), "logprob": lp, "bytes": pieces.bytes(tid)}
+        e["top_logprobs"] = [{"token": pieces.text(t), "logprob": l, "bytes": pieces.bytes(t)} for t, l in (top or [])]
         return e
 
     def on_event(self, c: _Choice, ev: TokenEvent) -> str:
@@ -265,7 +425,7 @@ class _Ctx:
         self.captured = True
         turns = []
         for c in self.choices:
-            first = c.version if c.version is not None else self.gw.engine.policy_version
+            first = c.version if c.version is not None else self.start_version
             mixed = any(v != first for v in c.versions)
             turns.append(Turn(
                 session_id=self.slot.session_id, index=self.slot.index, type=self.turn_type,
@@ -276,6 +436,9 @@ class _Ctx:
                 policy_version=min(c.versions) if mixed else first,
                 response_versions=list(c.versions) if mixed else None,
                 trainable=self.turn_type == TURN_MAIN and not aborted,
+                tenant=self.tenant,
+                sampling={"temperature": self.req.temperature, "top_p": self.req.top_p,
+                          "seed": self.params[c.index].seed, "logprobs": "raw"},
                 request_id=self.rid, choice_index=c.index,
             ))
         self.gw.capture.finish(self.slot, turns)
@@ -284,6 +447,13 @@ class _Ctx:
         if self.slot is not None and not self.captured:
             self.captured = True
             self.gw.capture.abandon(self.slot)
+
+    def capture_or_abandon(self) -> None:
+        """After a failure: what was generated is kept as an aborted (untrainable) turn, never lost silently."""
+        if any(c.ids for c in self.choices):
+            self.capture(aborted=True)
+        else:
+            self.abandon()
 
     # -- bodies --------------------------------------------------------------
     def _usage(self) -> dict[str, int]:
@@ -304,18 +474,24 @@ class _Ctx:
         gw = self.gw
         gw.inflight += 1
         try:
-            await asyncio.gather(*(self.run_choice(c) for c in self.choices))
+            async with asyncio.timeout_at(self.deadline):
+                await asyncio.gather(*(self.run_choice(c) for c in self.choices))
             for c in self.choices:
                 self.finalize(c)
             self.capture()
         except EngineUnavailable as e:
             self.abandon()
             raise unavailable_error(e) from e
+        except TimeoutError:  # the engine rows were cancelled with the gather
+            gw.timeouts += 1
+            self.capture_or_abandon()
+            raise timeout_error(gw.cfg.serve.request_timeout_s) from None
         except BaseException:
             self.abandon()
             raise
         finally:
             gw.inflight -= 1
+            self.close()
         choices = []
         for c in self.choices:
             msg: dict[str, Any] = {"role": "assistant", "content": c.content}
@@ -328,20 +504,25 @@ class _Ctx:
                 ch["token_logprobs"] = c.logprobs
                 ch["token_versions"] = c.versions  # differ only where a publish fell mid-response (vLLM)
             choices.append(ch)
-        version = self.choices[0].version if self.choices[0].version is not None else gw.engine.policy_version
+        version = self.choices[0].version if self.choices[0].version is not None else self.start_version
         body: dict[str, Any] = {"id": self.rid, "object": "chat.completion", "created": self.created,
                                 "model": self.model, "choices": choices, "usage": self._usage(),
                                 "system_fingerprint": f"clawloop-v{version}"}
         if self.req.return_token_ids:
             body["prompt_token_ids"] = self.prompt_ids
             body["policy_version"] = version
-        gw.metrics.observe_request(200, time.perf_counter() - self.t0, self._usage()["completion_tokens"])
+        gw.metrics.observe_request(200, time.perf_counter() - self.t0, self._usage()["completion_tokens"],
+                                   self.tenant)
         return JSONResponse(body, headers={"X-Policy-Version": str(version)})
 
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+    def _chunk(self, choices: list[dict[str, Any]], version: int, **extra: Any) -> str:
+        """One SSE event; `version` is that of the tokens it carries."""
         body = {"id": self.rid, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "system_fingerprint": f"clawloop-v{self.gw.engine.policy_version}", "choices": choices, **extra}
+                "system_fingerprint": f"clawloop-v{version}", "choices": choices, **extra}
         return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+    def _version(self, c: _Choice) -> int:
+        return c.version if c.version is not None else self.start_version
 
     async def stream(self) -> AsyncIterator[str]:
         gw = self.gw
@@ -350,8 +531,11 @@ class _Ctx:
         q: asyncio.Queue = asyncio.Queue()
         first: dict[str, Any] = {}
         if self.req.return_token_ids:
-            first = {"prompt_token_ids": self.prompt_ids, "policy_version": gw.engine.policy_version}
+            first = {"prompt_token_ids": self.prompt_ids, "policy_version": self.start_version}
         tasks: list[asyncio.Task] = []
+        # The deadline is one timer that drops a marker in the queue: nothing per chunk.
+        timer = (asyncio.get_running_loop().call_at(self.deadline, q.put_nowait, _TIMED_OUT)
+                 if self.deadline is not None else None)
         try:
             async def on_delta(c: _Choice, delta: str, start: int) -> None:
                 await q.put(self._delta_chunk(c, {"content": delta} if delta else {}, start, len(c.ids)))
@@ -377,7 +561,7 @@ class _Ctx:
             tasks = [asyncio.create_task(run(c)) for c in self.choices]
             for c in self.choices:
                 yield self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None, "finish_reason": None}], **first)
+                                    "logprobs": None, "finish_reason": None}], self.start_version, **first)
             remaining = len(tasks)
             while remaining:
                 items = [await q.get()]
@@ -387,6 +571,8 @@ class _Ctx:
                 for item in items:
                     if item is None:
                         remaining -= 1
+                    elif item is _TIMED_OUT:
+                        raise TimeoutError
                     elif isinstance(item, BaseException):
                         raise item
                     else:
@@ -395,39 +581,45 @@ class _Ctx:
                     yield "".join(out)
             self.capture()
             for c in self.choices:
-                yield self._chunk([{"index": c.index, "delta": {}, "logprobs": None,
-                                    "finish_reason": c.finish_reason}])
+                fin: dict[str, Any] = {"index": c.index, "delta": {}, "logprobs": None,
+                                       "finish_reason": c.finish_reason}
+                if self.req.return_token_ids:
+                    fin["policy_version"] = self._version(c)  # the turn's, after the engine's final account
+                yield self._chunk([fin], self._version(c))
             if self.req.include_usage:
-                yield self._chunk([], usage=self._usage())
+                yield self._chunk([], self._version(self.choices[0]), usage=self._usage())
             yield "data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             status = 499  # the client went away
-            if any(c.ids for c in self.choices):
-                self.capture(aborted=True)
-            else:
-                self.abandon()
+            self.capture_or_abandon()
             raise
         except Exception as e:
             if isinstance(e, EngineUnavailable):
                 status, err = 503, unavailable_error(e)
                 log.warning("stream ended: %s", e)
+            elif isinstance(e, TimeoutError):
+                gw.timeouts += 1
+                status, err = 504, timeout_error(gw.cfg.serve.request_timeout_s)
             else:
-                status, err = 500, APIError(500, "generation failed; see the server log", code="internal_error")
-                log.exception("stream failed")
-            if any(c.ids for c in self.choices):
-                self.capture(aborted=True)  # what was streamed is kept (untrainable), never lost silently
-            else:
-                self.abandon()
+                status, err = 500, APIError(500, f"Generation failed (request id {self.rid}); the server log "
+                                                 "has the details.", code="internal_error")
+                log.exception("stream %s failed", self.rid)
+            for t in tasks:  # stop generating before the turn is stored
+                t.cancel()
+            self.capture_or_abandon()  # what was streamed is kept (untrainable), never lost silently
             yield f"data: {json.dumps(err.body())}\n\n"
         finally:
+            if timer is not None:
+                timer.cancel()
             for t in tasks:
                 if not t.done():
                     t.cancel()
                 elif not t.cancelled():
                     t.exception()  # raised above already; retrieved so asyncio does not log it again
             gw.inflight -= 1
+            self.close()
             gw.metrics.observe_request(status, time.perf_counter() - self.t0,
-                                       sum(len(c.ids) for c in self.choices))
+                                       sum(len(c.ids) for c in self.choices), self.tenant)
 
     def _delta_chunk(self, c: _Choice, delta: dict[str, Any], start: int, end: int) -> str:
         ch: dict[str, Any] = {"index": c.index, "delta": delta, "finish_reason": None,
@@ -435,7 +627,22 @@ class _Ctx:
         if self.req.return_token_ids:
             ch["token_ids"] = c.ids[start:end]
             ch["token_logprobs"] = c.logprobs[start:end]
-        return self._chunk([ch])
+            ch["token_versions"] = c.versions[start:end]
+        return self._chunk([ch], c.versions[end - 1] if end > start else self._version(c))
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """Choice `index`'s seed: `seed + index`, wrapped to stay a signed 64-bit integer."""
+    return (seed + index + 2**63) % 2**64 - 2**63
+
+
+_TIMED_OUT = object()
+"""Put in a stream's queue when its request's deadline passes."""
+
+
+def timeout_error(timeout_s: float) -> APIError:
+    return APIError(504, f"The request took longer than the server's limit of {timeout_s:g} s and was stopped "
+                    "(serve.request_timeout_s).", code="timeout")
 
 
 def unavailable_error(e: EngineUnavailable) -> APIError:
@@ -477,7 +684,7 @@ def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: lis
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
-        gw.metrics.observe_request(e.status, 0.0, 0)
+        gw.metrics.observe_request(e.status, 0.0, 0, getattr(request.state, "tenant", ""))
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers or None)
 
     @app.exception_handler(StarletteHTTPException)
@@ -488,9 +695,14 @@ def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: lis
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception) -> JSONResponse:
-        log.exception("request failed")
-        gw.metrics.observe_request(500, 0.0, 0)
-        return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}").body(), status_code=500)
+        # The exception's text may hold anything (paths, prompts, keys): it goes to the log, under an id
+        # the client gets instead.
+        rid = f"req_{uuid.uuid4().hex[:24]}"
+        log.exception("request %s (%s %s) failed", rid, request.method, request.url.path)
+        gw.metrics.observe_request(500, 0.0, 0, getattr(request.state, "tenant", ""))
+        err = APIError(500, f"The server had an error processing your request (request id {rid}); the server "
+                            "log has the details.", code="internal_error")
+        return JSONResponse(err.body(), status_code=500, headers={"X-Request-Id": rid})
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -513,7 +725,9 @@ def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: lis
         return JSONResponse(body, status_code=code, headers={"X-Policy-Version": str(engine.policy_version)})
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if cfg.serve.metrics_auth:
+            gw.check_auth(request)
         data, ctype = gw.metrics.render()
         return Response(data, media_type=ctype)
 

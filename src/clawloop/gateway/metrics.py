@@ -1,5 +1,6 @@
-"""Prometheus metrics for /metrics: request counters and latency, plus every
-stats source (engine, capture, judge, trainer) exported as a gauge.
+"""Prometheus metrics for /metrics: request counters and latency (also per
+tenant, when the server has API keys), plus every stats source (engine,
+capture, judge, trainer) exported as a gauge.
 
 A stats key `train/grad_norm` becomes the gauge `clawloop_train_grad_norm`.
 Each app has its own registry, so several apps can live in one process.
@@ -45,17 +46,26 @@ class Metrics:
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
                                  registry=self.registry)
         self.tokens = Counter("clawloop_completion_tokens", "Completion tokens served", registry=self.registry)
+        self.tenant_requests = Counter("clawloop_tenant_requests", "Chat requests by tenant (API key name) and "
+                                       "HTTP status", ["tenant", "code"], registry=self.registry)
+        self.tenant_tokens = Counter("clawloop_tenant_completion_tokens", "Completion tokens served by tenant",
+                                     ["tenant"], registry=self.registry)
         self._stats = _StatsCollector()
         self.registry.register(self._stats)
 
     def add_stats(self, fn: Callable[[], dict[str, float]]) -> None:
         self._stats.sources.append(fn)
 
-    def observe_request(self, code: int, seconds: float, completion_tokens: int) -> None:
+    def observe_request(self, code: int, seconds: float, completion_tokens: int, tenant: str = "") -> None:
+        """One finished chat request; `tenant` is "" when the server has no keys (or auth failed)."""
         self.requests.labels(code=str(code)).inc()
         if code == 200:
             self.latency.observe(seconds)
             self.tokens.inc(completion_tokens)
+        if tenant:
+            self.tenant_requests.labels(tenant=tenant, code=str(code)).inc()
+            if completion_tokens:
+                self.tenant_tokens.labels(tenant=tenant).inc(completion_tokens)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -9,6 +9,7 @@ error shape. Unknown top-level fields are ignored (SDKs send `store`,
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,10 @@ CLAWLOOP_FIELDS = ("session_id", "turn_type", "session_done", "return_token_ids"
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 4
+INT64 = (-(2**63), 2**63 - 1)
+GREEDY_BELOW = 1e-5
+"""Temperatures under this sample greedily (as vLLM does): dividing logits by 1e-300 gives inf, then NaN."""
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 class APIError(Exception):
@@ -31,9 +36,9 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.type = type or {400: "invalid_request_error", 401: "authentication_error",
-                             404: "not_found_error", 413: "invalid_request_error",
-                             503: "server_error"}.get(status, "server_error" if status >= 500 else
-                                                      "invalid_request_error")
+                             404: "not_found_error", 413: "invalid_request_error", 429: "requests",
+                             503: "server_error", 504: "timeout_error"}.get(
+                                 status, "server_error" if status >= 500 else "invalid_request_error")
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -77,7 +82,24 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise APIError(400, f"We could not parse the JSON body of your request: {e}", code="invalid_json")
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):  # escaped pairs (emoji) are fine
+        raise APIError(400, "We could not parse the JSON body of your request: it contains an unpaired UTF-16 "
+                            "surrogate escape (\\uD800-\\uDFFF), which is not text.", code="invalid_json")
     return body
+
+
+def _has_lone_surrogate(obj: Any) -> bool:
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(obj, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in obj.items())
+    if isinstance(obj, list):
+        return any(_has_lone_surrogate(v) for v in obj)
+    return False
 
 
 def _text_of(content: Any, param: str) -> str:
@@ -131,6 +153,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     if not messages:
         raise _bad("'messages' must contain at least one message.", "messages", code="empty_array")
     out = []
+    answering: str | None = None  # the role before the current run of tool messages
     for i, m in enumerate(messages):
         p = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -139,6 +162,13 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         if role not in ROLES:
             raise _bad(f"Invalid value for '{p}.role': {role!r}. Supported roles: {', '.join(ROLES)}.",
                        p + ".role")
+        if role != "tool":
+            answering = role
+        elif answering != "assistant":
+            # Only a tool result that answers the assistant may come in (OpenAI asks for the assistant's
+            # `tool_calls`; an assistant that wrote its call as text, as raw Hermes clients do, is accepted).
+            raise _bad(f"Invalid value for '{p}.role': messages with role 'tool' must be a response to a "
+                       "preceding assistant message with 'tool_calls'.", p + ".role")
         msg: dict[str, Any] = {"role": role}
         content = m.get("content")
         if role == "assistant":
@@ -238,6 +268,8 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
         key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         req.max_tokens = _number({key: mt}, key, 1, max_model_len, 0, integer=True)
     req.temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
+    if req.temperature < GREEDY_BELOW:
+        req.temperature = 0.0
     req.top_p = _number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True)
     stop = body.get("stop")
     if stop is not None:
@@ -251,6 +283,8 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise _bad("Invalid type for 'seed': expected an integer.", "seed", code="invalid_type")
+        if not INT64[0] <= seed <= INT64[1]:
+            raise _bad(f"Invalid value for 'seed': {seed} is out of range (a 64-bit signed integer).", "seed")
         req.seed = seed
     req.logprobs = _bool(body, "logprobs")
     req.top_logprobs = _number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0, integer=True)

@@ -5,6 +5,18 @@ included) and those exact ids are what the engine sees and what capture
 stores. Output text is built incrementally from the sampled ids; it is never
 re-encoded.
 
+Control tokens come only from the template. Rendering to text and encoding
+that text would turn `<|im_end|>` typed inside a message into the real
+end-of-turn id, so a user or a tool result could close its block and open a
+`system` one. `PromptRenderer` therefore swaps every special- or added-token
+string found in client text for a per-call placeholder before the template
+runs, and encodes each placeholder's original text as plain text (special
+tokens split) when it splices the ids back together. Conversations without
+such strings take the old path unchanged, so their ids are exactly those of
+`tokenizer.encode(apply_chat_template(..., tokenize=False))`. Assistant
+content keeps the model's own non-special added tokens (`<tool_call>`,
+`<think>`): templates read them there, and the model wrote them.
+
 Tool calls use the Qwen/Hermes convention the tiny model is trained on:
 
     <tool_call>
@@ -16,7 +28,9 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import uuid
+from functools import lru_cache
 from typing import Any
 
 TOOL_OPEN = "<tool_call>"
@@ -44,14 +58,105 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _literals(strings: set[str]) -> re.Pattern | None:
+    """One regex matching any of `strings`, longest first."""
+    if not strings:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(strings, key=len, reverse=True)))
+
+
+class PromptRenderer:
+    """Prompt ids for one tokenizer, with control ids only where the template put them."""
+
+    def __init__(self, tokenizer: Any):
+        self.tok = tokenizer
+        added = dict(getattr(tokenizer, "added_tokens_decoder", None) or {})
+        special = {t.content for t in added.values() if getattr(t, "special", False)}
+        special |= {t for t in (getattr(tokenizer, "all_special_tokens", None) or []) if t}
+        # Added tokens that are only whitespace (some vocabularies add runs of spaces) are text, not control.
+        plain = {t.content for t in added.values() if t.content.strip()}
+        self.control_ids = set(added) | set(getattr(tokenizer, "all_special_ids", None) or [])
+        self._all = _literals(special | plain)
+        self._special = _literals(special)
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        self.max_token_chars = max((len(k) for k in vocab), default=64) or 64
+        """No token covers more characters than its vocabulary string has (bytes, for byte-level BPE)."""
+
+    def min_tokens(self, n_chars: int) -> int:
+        """A lower bound on the tokens `n_chars` characters of content take, without tokenizing them
+        (NFC may compose up to 3 characters into one, hence the 4)."""
+        return n_chars // (4 * self.max_token_chars)
+
+    # -- placeholders --------------------------------------------------------
+    def _swap(self, obj: Any, rx: re.Pattern, found: list[str], mark: str) -> Any:
+        """`obj` with every match of `rx` in its strings (keys too) replaced by a placeholder;
+        the same object when nothing matched."""
+        if isinstance(obj, str):
+            if rx.search(obj) is None:
+                return obj
+
+            def sub(m: re.Match) -> str:
+                found.append(m.group(0))
+                return f"{mark}{len(found) - 1}\ue001"
+            return rx.sub(sub, obj)
+        if isinstance(obj, dict):
+            out, changed = {}, False
+            for k, v in obj.items():
+                k2, v2 = self._swap(k, rx, found, mark), self._swap(v, rx, found, mark)
+                changed |= k2 is not k or v2 is not v
+                out[k2] = v2
+            return out if changed else obj
+        if isinstance(obj, list):
+            out_l = [self._swap(v, rx, found, mark) for v in obj]
+            return out_l if any(a is not b for a, b in zip(out_l, obj)) else obj
+        return obj
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text` as plain text: no special or added token is recognised in it."""
+        ids = list(self.tok.encode(text, add_special_tokens=False, split_special_tokens=True))
+        if len(text) > 1 and any(i in self.control_ids for i in ids):  # added (non-special) tokens still match
+            h = len(text) // 2
+            return self.encode_text(text[:h]) + self.encode_text(text[h:])
+        return ids
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               *, continue_final: bool = False) -> list[int]:
+        """Prompt token ids, rendered with the tokenizer's chat template and a generation prompt
+        (or, with `continue_final`, ending inside the last assistant message)."""
+        kw = {"continue_final_message": True, "add_generation_prompt": False} if continue_final else \
+            {"add_generation_prompt": True}
+        msgs = template_messages(messages)
+        found: list[str] = []
+        mark = f"\ue000{secrets.token_hex(6)}:"
+        if self._all is not None:
+            msgs = [self._swap(m, self._special if m.get("role") == "assistant" else self._all, found, mark)
+                    for m in msgs]
+            tools = self._swap(tools, self._all, found, mark) if tools else tools
+        text = self.tok.apply_chat_template(msgs, tools=tools, tokenize=False, **kw)
+        if not found:
+            return list(self.tok.encode(text, add_special_tokens=False))
+        # Each placeholder stands where the old path saw an added token, so cutting the text there
+        # leaves every other id as it was (the tokenizer splits at added tokens before anything else).
+        ids: list[int] = []
+        pos = 0
+        for m in re.finditer(re.escape(mark) + r"(\d+)\ue001", text):
+            ids += self.tok.encode(text[pos:m.start()], add_special_tokens=False) if m.start() > pos else []
+            ids += self.encode_text(found[int(m.group(1))])
+            pos = m.end()
+        if pos < len(text):
+            ids += self.tok.encode(text[pos:], add_special_tokens=False)
+        return ids
+
+
+@lru_cache(maxsize=8)
+def renderer_for(tokenizer: Any) -> PromptRenderer:
+    return PromptRenderer(tokenizer)
+
+
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                   *, continue_final: bool = False) -> list[int]:
-    """Prompt token ids, rendered with the tokenizer's chat template and a generation prompt
-    (or, with `continue_final`, ending inside the last assistant message)."""
-    kw = {"continue_final_message": True, "add_generation_prompt": False} if continue_final else \
-        {"add_generation_prompt": True}
-    text = tokenizer.apply_chat_template(template_messages(messages), tools=tools, tokenize=False, **kw)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    """Prompt token ids (see `PromptRenderer.render`); the renderer is built once per tokenizer."""
+    return renderer_for(tokenizer).render(messages, tools, continue_final=continue_final)
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -80,6 +185,67 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     kept.append(text[pos:])
     content = "".join(kept).strip()
     return (content or None), calls
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet reversed: the character a byte-level BPE vocabulary uses → the byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+class TokenPieces:
+    """Per sampled id, the text and the raw bytes a logprobs entry reports (cached per id).
+
+    `bytes` are the token's own bytes, read off the byte-level vocabulary (or sentencepiece's
+    `<0xNN>` byte fallback), so a token holding half of a UTF-8 character reports that half, not
+    the replacement character its lone decode gives."""
+
+    def __init__(self, tokenizer: Any):
+        self.tok = tokenizer
+        self.added = {i: t.content for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
+        dec = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        self.byte_level = dec is not None and "ByteLevel" in repr(dec)
+        self._text: dict[int, str] = {}
+        self._bytes: dict[int, list[int]] = {}
+
+    def text(self, tid: int) -> str:
+        t = self._text.get(tid)
+        if t is None:
+            t = self._text[tid] = self.tok.decode([tid], skip_special_tokens=False)
+        return t
+
+    def bytes(self, tid: int) -> list[int]:
+        b = self._bytes.get(tid)
+        if b is None:
+            b = self._bytes[tid] = list(self._raw_bytes(tid))
+        return b
+
+    def _raw_bytes(self, tid: int) -> bytes:
+        if tid in self.added:
+            return self.added[tid].encode("utf-8")
+        piece = self.tok.convert_ids_to_tokens(tid)
+        if not isinstance(piece, str):
+            return self.text(tid).encode("utf-8")
+        if self.byte_level:
+            table = _byte_decoder()
+            if all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+        if m := _BYTE_FALLBACK.fullmatch(piece):
+            return bytes([int(m.group(1), 16)])
+        if "\u2581" in piece:  # sentencepiece's word-boundary mark is a space
+            return piece.replace("\u2581", " ").encode("utf-8")
+        return self.text(tid).encode("utf-8")
 
 
 class Detokenizer:
