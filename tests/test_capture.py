@@ -119,14 +119,28 @@ def test_session_id_from_body_and_user_field(gateway):
     assert gateway.store.session_turns("body-side")[0].type == "side"
 
 
-def test_anonymous_request_is_captured_as_final(gateway):
+def test_headerless_side_request_is_a_closed_one_turn_session(gateway):
     c = gateway.client()
-    c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                              extra_headers={"X-Turn-Type": "side"})
     gateway.store.flush()
     sessions = list(gateway.store.iter_sessions())
     assert len(sessions) == 1 and sessions[0][0].startswith("anon-")
-    assert sessions[0][1][0].final
+    assert not sessions[0][1][0].trainable
     assert not gateway.gw.capture.sessions
+
+
+def test_headerless_request_opens_an_inferred_session_judged_when_idle(make_gateway):
+    g = make_gateway(capture__session_idle_timeout_s="1.0", capture__sweep_interval_s="0.1")
+    g.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    g.store.flush()
+    ((sid, (t,)),) = list(g.store.iter_sessions())
+    assert sid.startswith("conv-") and not t.final  # a continuation may still come
+    deadline = time.time() + 10
+    while g.gw.capture.sessions and time.time() < deadline:
+        time.sleep(0.05)
+    g.store.flush()
+    assert g.store.session_turns(sid)[0].final
 
 
 def test_idle_session_is_closed(make_gateway):
@@ -199,7 +213,7 @@ def test_export_and_import_round_trip(make_gateway, tmp_path, random_model_dir):
     assert s["session_id"] == "conv" and len(s["turns"]) == 3
     t0 = s["turns"][0]
     for key in ("type", "prompt", "response", "next_state", "trainable", "prompt_ids", "response_ids",
-                "response_logprobs", "policy_version", "response_versions"):
+                "response_logprobs", "policy_version", "response_versions", "tenant", "sampling"):
         assert key in t0
     assert t0["next_state"]["content"] == "no, just the number"
     assert s["turns"][1]["next_state"]["content"] == "thanks!"

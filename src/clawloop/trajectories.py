@@ -6,7 +6,8 @@ One session per line:
       {"type": "main", "prompt": [...messages...], "response": "19",
        "next_state": {"role": "user", "content": "thanks"}, "trainable": true,
        "prompt_ids": [...], "response_ids": [...], "response_logprobs": [...],
-       "policy_version": 0, "response_versions": null}]}
+       "policy_version": 0, "response_versions": null, "tenant": "",
+       "sampling": {"temperature": 1.0, "top_p": 1.0, "seed": null, "logprobs": "raw"}}]}
 
 On import `prompt` may be a string (one user message) or a list of messages,
 `next_state` a string (a user message) or `{"role", "content"}`, and the token
@@ -14,8 +15,10 @@ fields may be missing: then the prompt is rendered with the model's chat
 template and the response encoded (counted and reported, because those ids
 are not the ones a model sampled). `response_versions` (one policy version per
 response id, present when a publish fell mid-response) is optional; it needs
-`response_ids` beside it, and `policy_version` is then the oldest of them. The whole file is validated before
-anything is written; an error names the line.
+`response_ids` beside it, and `policy_version` is then the oldest of them.
+`tenant` (the API key's tenant that was served, "" without keys) and `sampling`
+(how the response was sampled; null when unknown) are optional too. The whole
+file is validated before anything is written; an error names the line.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ def turn_to_export(t: Turn) -> dict[str, Any]:
         "type": t.type, "prompt": t.messages, "response": t.response_text, "next_state": t.next_state,
         "trainable": t.trainable, "prompt_ids": t.prompt_ids, "response_ids": t.response_ids,
         "response_logprobs": t.response_logprobs, "policy_version": t.policy_version,
-        "response_versions": t.response_versions, "index": t.index, "choice_index": t.choice_index, "finish_reason": t.finish_reason, "final": t.final,
+        "response_versions": t.response_versions, "index": t.index, "choice_index": t.choice_index,
+        "finish_reason": t.finish_reason, "final": t.final, "tenant": t.tenant, "sampling": t.sampling,
     }
     if t.tools:
         d["tools"] = t.tools
@@ -144,6 +148,14 @@ def parse_sessions(path: str | Path) -> list[tuple[str, list[dict[str, Any]]]]:
                     if versions and t.get("policy_version") is not None and t["policy_version"] != min(versions):
                         raise ImportError_(f"{tw}.policy_version: must be the oldest of response_versions "
                                            f"({min(versions)}), got {t['policy_version']}")
+                tenant = t.get("tenant", "")
+                if tenant is None:
+                    tenant = ""
+                if not isinstance(tenant, str):
+                    raise ImportError_(f"{tw}.tenant: must be a string")
+                sampling = t.get("sampling")
+                if sampling is not None and not isinstance(sampling, dict):
+                    raise ImportError_(f"{tw}.sampling: must be an object")
                 version = t.get("policy_version")
                 if version is None and versions:
                     version = min(versions)
@@ -153,6 +165,7 @@ def parse_sessions(path: str | Path) -> list[tuple[str, list[dict[str, Any]]]]:
                     "prompt_ids": t.get("prompt_ids"), "response_ids": t.get("response_ids"),
                     "response_logprobs": lps, "policy_version": int(version or 0), "response_versions": versions,
                     "tools": t.get("tools"), "tool_calls": t.get("tool_calls"),
+                    "tenant": tenant, "sampling": sampling,
                 })
             sessions.append((obj["session_id"], out))
     return sessions
@@ -202,6 +215,7 @@ def import_sessions(cfg: Any, path: str | Path) -> tuple[int, int]:
                     tool_calls=t["tool_calls"], policy_version=t["policy_version"],
                     response_versions=t["response_versions"], next_state=t["next_state"],
                     trainable=t["trainable"] and t["type"] == TURN_MAIN, request_id="import",
+                    tenant=t["tenant"], sampling=t["sampling"],
                     next_state_at=time.time() if t["next_state"] is not None else None,
                 ))
                 if t["type"] == TURN_MAIN:

@@ -1,12 +1,51 @@
 """Capture: every served turn into the store, linked to what came next.
 
-Per session we keep only what linking needs: the next turn index, the index
-of the last main turn still waiting for its next state, and when the session
-was last seen. A main request's last message (the user's reply or a tool
-result) is the previous main turn's `next_state`. Sessions end on
-`X-Session-Done: 1` or after `session_idle_timeout_s` without a request; the
-last main turn is then marked final so the judge still scores it, and the
-session's state is freed.
+    slot = capture.begin(session_id, turn_type, messages, done, prompt_ids=ids, tools=tools)
+    ...generate...
+    capture.finish(slot, turns)        # or slot.release() when no turn came of it
+
+`begin` reserves the turn's index in its session (turns are ordered by the
+time their request began) and writes a *pending* row with the prompt and the
+request, so a `kill -9` loses at most the answers being generated (a restart
+marks such rows aborted). `finish` completes the row. A slot is released
+exactly once, on every path: `finish`, `release()` (`abandon`), leaving a
+`with slot:` block, or, for a caller that drops it, the sweeper once the slot
+has been garbage-collected — so a stream cancelled before its first chunk
+cannot pin its session open.
+
+Which turn a main request's last message (the user's reply, a tool result)
+is the `next_state` of — the linking rule, deterministic:
+
+1. History. If the request's history (its messages before the trailing
+   user/tool messages) ends with an answer this session was served — the hash
+   of that turn's request messages plus its answer (content, or the tool
+   calls' names and arguments; whitespace, tool-call ids and JSON key order
+   do not count) — that turn gets it, unless it has one already (a sibling
+   request continuing the same turn, or a retry, links nothing).
+2. Otherwise (a client that rewrites its history, requests running at once
+   whose histories cannot contain each other's answers): the previous main
+   turn by index, even while it is still being generated (it gets the next
+   state when it is stored) — unless it already has one, was aborted or
+   abandoned (a retry after a disconnect is not a reaction to the answer
+   the client never saw), or its request had exactly these messages (a retry).
+
+Sessions. An explicit session (X-Session-Id, body `session_id`, `user`)
+always wins. Without one, a main request is put in the session whose served
+answer its history ends with (rule 1, looked up across sessions), else in a
+new `conv-<hex>` session: an unmodified OpenAI client gets one session per
+conversation. Limits: two identical conversations collide (the most recent
+answer wins); a client that edits or rewrites earlier history (or injects a
+changing system prompt) starts a new session; a header-less side call that
+replays the conversation (a title request) looks like a continuation — send
+`X-Turn-Type: side` for those. The map holds the last `max_answers` answers
+and is rebuilt at start from the store's `rebuild_sessions` most recent
+sessions. Header-less side requests are one-turn sessions closed at once.
+
+Sessions end on `X-Session-Done: 1` or after `session_idle_timeout_s`
+without a request (a close while requests of the session run waits for
+them); the last main turn without a next state is then marked final so the
+judge still scores it, and the session's state is freed. A session reused
+after it closed continues its numbering (memory, else the store).
 
 All writes are enqueued on the store's writer thread; nothing here waits on
 the disk. The state is rebuilt from the store on restart.
@@ -15,10 +54,14 @@ the disk. The state is rebuilt from the store on restart.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
@@ -26,105 +69,376 @@ from clawloop.store import Store
 
 log = logging.getLogger(__name__)
 
+INFERRED_PREFIX = "conv-"
+"""Session ids capture makes up for header-less conversations: `conv-` + 32 hex digits."""
+
+_RUNNING, _STORED, _ABORTED, _ABANDONED = "running", "stored", "aborted", "abandoned"
+
+
+def is_inferred(session_id: str) -> bool:
+    return (session_id.startswith(INFERRED_PREFIX) and len(session_id) == len(INFERRED_PREFIX) + 32
+            and all(c in "0123456789abcdef" for c in session_id[len(INFERRED_PREFIX):]))
+
+
+# -- conversation hashing ---------------------------------------------------------
+def _canon_args(args: Any) -> str:
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return args.strip()
+    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _canon(m: dict[str, Any]) -> bytes:
+    """A message as the conversation hash sees it: role and stripped content; for an assistant
+    message with tool calls, the calls' names and arguments only (ids are made up per response)."""
+    role = m.get("role") or ""
+    calls = m.get("tool_calls") if role == "assistant" else None
+    if calls:
+        role = "assistant/calls"
+        fns = [c.get("function") or {} for c in calls]
+        body = json.dumps([[f.get("name"), _canon_args(f.get("arguments"))] for f in fns],
+                          separators=(",", ":"), ensure_ascii=False)
+    else:
+        body = m.get("content") or ""
+        if not isinstance(body, str):
+            body = json.dumps(body, sort_keys=True)
+        body = body.strip()
+    b = body.encode("utf-8", "surrogatepass")
+    return f"{role}\x00{len(b)}\x00".encode() + b
+
+
+def _seed(session_id: str | None, tenant: str | None) -> Any:
+    """Hashes start from the explicit session (rule 1 stays inside it) or, for header-less
+    requests, from the tenant (one tenant's conversation never continues another's)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"s\x00" + session_id.encode("utf-8", "surrogatepass") if session_id is not None
+             else b"c\x00" + (tenant or "").encode("utf-8", "surrogatepass"))
+    return h
+
+
+def _answer_key(hasher: Any, turn: Turn) -> bytes:
+    h = hasher.copy()
+    h.update(_canon({"role": "assistant", "content": turn.response_text, "tool_calls": turn.tool_calls}))
+    return h.digest()
+
+
+def _trailing(messages: list[dict[str, Any]]) -> int:
+    """How many messages at the end are the user's or tools' (what the request adds to its history)."""
+    k = 0
+    for m in reversed(messages):
+        if m.get("role") not in ("user", "tool"):
+            break
+        k += 1
+    return k
+
+
+# -- state ------------------------------------------------------------------------
+@dataclass(eq=False)
+class _MainTurn:
+    """One main request of a session, from its begin until it has its next state."""
+
+    index: int
+    request: bytes | None
+    """Hash of its request messages (a retry sends the same); None when rebuilt from the store."""
+    state: str = _RUNNING
+    linked: bool = False
+    """A next state was given to it (stored, or held until it is stored)."""
+    held: tuple[dict[str, Any], str | None] | None = None
+    """(next state, echoed text) that arrived while it was still being generated."""
+
+
+@dataclass(eq=False)
+class _Answer:
+    session_id: str
+    index: int
+    text: str
+    """The choice's response text (which choice a continuation picked, when n > 1)."""
+    turn: _MainTurn
+
+
+@dataclass(eq=False)
+class _Run:
+    """A begun request, until its slot is released."""
+
+    index: int
+    key: str
+    close_after: bool
+    anonymous: bool
+    main: _MainTurn | None
+    prompt_ids: list[int] | None = None
+    """The prompt ids the pending row has (the end need not write the same again)."""
+    ref: Any = None
+    ended: bool = False
+
 
 @dataclass
 class _Session:
     next_index: int = 0
-    pending_main: int | None = None
-    """Index of the last main turn, whose next state has not arrived yet."""
-    last_main: int | None = None
+    last_main: _MainTurn | None = None
+    """The main turn with the highest index (rule 2's previous main turn)."""
     last_seen: float = 0.0
-    inflight: int = 0
+    running: dict[int, _Run] = field(default_factory=dict)
+    closing: str | None = None
+    """A close that waits for the running requests (the reason)."""
+
+    @property
+    def inflight(self) -> int:
+        return len(self.running)
 
 
-@dataclass
+@dataclass(eq=False)
 class TurnSlot:
-    """What a request needs to store its turn once the response is complete."""
+    """What a request needs to store its turn once the response is complete.
+
+    Release it exactly once: `Capture.finish(slot, turns)`, or `slot.release()` when the request
+    ended without a turn (also what leaving `with slot:` does); a second release is a no-op. A
+    slot dropped unreleased is released by the sweeper after it is garbage-collected."""
 
     session_id: str
     index: int
     type: str
     close_after: bool
     anonymous: bool
+    key: str = ""
+    """The pending row's request key."""
+    _capture: Any = field(default=None, repr=False)
+    _run: _Run | None = field(default=None, repr=False)
+    _hasher: Any = field(default=None, repr=False)
+
+    @property
+    def released(self) -> bool:
+        return self._run is None or self._run.ended
+
+    def release(self) -> None:
+        """End the request without a turn (no-op once finished or released)."""
+        if self._capture is not None:
+            self._capture.abandon(self)
+
+    def __enter__(self) -> "TurnSlot":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
 
 class Capture:
-    def __init__(self, store: Store, idle_timeout_s: float = 600.0, sweep_interval_s: float = 5.0):
+    def __init__(self, store: Store, idle_timeout_s: float = 600.0, sweep_interval_s: float = 5.0, *,
+                 max_answers: int = 65536, rebuild_sessions: int = 1000, max_closed: int = 100_000):
         self.store = store
         self.idle_timeout_s = idle_timeout_s
         self.sweep_interval_s = sweep_interval_s
+        self.max_answers = max_answers
+        self.max_closed = max_closed
         self.sessions: dict[str, _Session] = {}
+        self._answers: OrderedDict[bytes, _Answer] = OrderedDict()
+        """Hash of (request messages + served answer) -> the turn, for rule 1 and header-less sessions."""
+        self._closed: OrderedDict[str, int] = OrderedDict()
+        """Next index of recently closed sessions (their rows may still be queued for the writer)."""
         self.turns_captured = 0
         self.sessions_closed = 0
         self.linked = 0
+        self.inferred_new = 0
+        self.inferred_continued = 0
+        self.reaped = 0
+        self.aborted_at_start = store.abort_pending()
+        if self.aborted_at_start:
+            log.warning("capture: %d turn(s) were being generated when the last run ended; stored as aborted",
+                        self.aborted_at_start)
+        records: dict[tuple[str, int], _MainTurn] = {}
         for s in store.session_state():
-            self.sessions[s["session_id"]] = _Session(
+            sess = self.sessions[s["session_id"]] = _Session(
                 next_index=(s["last_index"] + 1) if s["last_index"] is not None else 0,
-                pending_main=s["pending_main_index"],
-                last_main=s["last_main_index"],
-                last_seen=s["last_seen"],
-            )
+                last_seen=s["last_seen"])
+            if s["last_main_index"] is not None:
+                rec = _MainTurn(s["last_main_index"], None, _STORED, linked=s["pending_main_index"] is None)
+                sess.last_main = records[(s["session_id"], rec.index)] = rec
+        for sid, idx, tenant, messages, text, calls, linked in store.recent_answers(rebuild_sessions):
+            rec = records.setdefault((sid, idx), _MainTurn(idx, None, _STORED, linked=linked))
+            h = _seed(None, tenant) if is_inferred(sid) else _seed(sid, None)
+            for m in messages:
+                h.update(_canon(m))
+            self._remember(_answer_key(h, Turn(sid, idx, response_text=text, tool_calls=calls)),
+                           _Answer(sid, idx, text, rec))
 
     # -- request path ----------------------------------------------------
-    def begin(self, session_id: str | None, turn_type: str, messages: list[dict[str, Any]],
-              done: bool) -> TurnSlot:
-        """Reserve the turn's index and link the previous main turn's next state."""
-        anonymous = session_id is None
-        sid = session_id or f"anon-{uuid.uuid4().hex}"
-        s = self.sessions.get(sid)
-        if s is None:
-            s = self.sessions[sid] = _Session()
-        s.last_seen = time.time()
-        s.inflight += 1
+    def begin(self, session_id: str | None, turn_type: str, messages: list[dict[str, Any]], done: bool, *,
+              prompt_ids: list[int] | None = None, tools: list[dict[str, Any]] | None = None,
+              tenant: str | None = None) -> TurnSlot:
+        """Reserve the turn's index, link the next state it carries (see the module docstring) and
+        write its pending row. `session_id=None`: inferred from the history (main) or a one-turn
+        session (side). `prompt_ids`/`tools`/`tenant` go into the pending row, so a crash mid-answer
+        keeps the request."""
+        now = time.time()
+        main = turn_type == TURN_MAIN
+        hasher = entry = None
+        request = b""
+        k = _trailing(messages) if main else 0
+        if main:
+            hasher = _seed(session_id, tenant)
+            cut = len(messages) - k
+            prefix = None
+            for i, m in enumerate(messages):
+                if i == cut:
+                    prefix = hasher.digest()
+                hasher.update(_canon(m))
+            request = hasher.digest()
+            if k and cut > 0 and messages[cut - 1].get("role") == "assistant":
+                entry = self._answers.get(prefix)
+                if entry is not None:
+                    self._answers.move_to_end(prefix)
+        sid, anonymous, fresh = session_id, False, False
+        if sid is None:
+            if not main:
+                sid, anonymous, fresh = f"anon-{uuid.uuid4().hex}", True, True
+            elif entry is not None:
+                sid = entry.session_id
+                self.inferred_continued += 1
+            else:
+                sid, fresh = f"{INFERRED_PREFIX}{uuid.uuid4().hex}", True
+                self.inferred_new += 1
+        s = self.sessions.get(sid) or self._open(sid, fresh)
+        s.last_seen = now
+        s.closing = None  # a request after X-Session-Done continues the session
         index = s.next_index
         s.next_index += 1
-        if turn_type == TURN_MAIN and s.pending_main is not None:
-            last = messages[-1]
-            if last["role"] in ("user", "tool"):
-                echoed = next((m.get("content") for m in reversed(messages)
-                               if m["role"] == "assistant"), None)
-                self.store.set_next_state(sid, s.pending_main, {"role": last["role"], "content": last["content"]},
-                                          response_text=echoed)
-                self.linked += 1
-                s.pending_main = None
-        return TurnSlot(sid, index, turn_type, close_after=done or anonymous, anonymous=anonymous)
+        rec = None
+        if main:
+            if k:
+                self._link(sid, s, entry, messages, request)
+            rec = s.last_main = _MainTurn(index, request)
+        run = _Run(index, uuid.uuid4().hex, close_after=done or anonymous, anonymous=anonymous, main=rec,
+                   prompt_ids=prompt_ids)
+        slot = TurnSlot(sid, index, turn_type, run.close_after, anonymous, run.key, self, run, hasher)
+        run.ref = weakref.ref(slot)
+        s.running[index] = run
+        self.store.begin_turn(Turn(session_id=sid, index=index, type=turn_type, messages=messages, tools=tools,
+                                   prompt_ids=prompt_ids if prompt_ids is not None else [],
+                                   finish_reason="pending", policy_version=-1, trainable=False,
+                                   request_id=run.key, tenant=tenant or "", created_at=now), run.key)
+        return slot
+
+    def _open(self, sid: str, fresh: bool) -> _Session:
+        """State for a session not in memory; a reused id continues its numbering, never overwrites."""
+        nxt = 0
+        if not fresh:
+            nxt = max(self._closed.pop(sid, 0), self.store.next_index(sid))
+        s = self.sessions[sid] = _Session(next_index=nxt)
+        return s
+
+    def _link(self, sid: str, s: _Session, entry: _Answer | None, messages: list[dict[str, Any]],
+              request: bytes) -> None:
+        last = messages[-1]
+        ns = {"role": last["role"], "content": last["content"]}
+        if entry is not None:  # rule 1: the turn whose answer the history ends with
+            target, echoed = entry.turn, entry.text
+        else:  # rule 2: the previous main turn by index
+            target = s.last_main
+            if target is None or target.request == request:
+                return
+            echoed = next((m.get("content") for m in reversed(messages) if m["role"] == "assistant"), None)
+        if target.linked or target.state in (_ABORTED, _ABANDONED):
+            return
+        target.linked = True
+        if target.state == _RUNNING:
+            target.held = (ns, echoed)
+        else:
+            self.store.set_next_state(sid, target.index, ns, response_text=echoed)
+            self.linked += 1
 
     def finish(self, slot: TurnSlot, turns: list[Turn]) -> None:
-        """Store the turn (one row per choice) and close the session if asked."""
-        for t in turns:
-            self.store.add_turn(t)
-        self.turns_captured += len(turns)
-        s = self.sessions.get(slot.session_id)
-        if s is None:  # closed by the sweeper while this request ran; reopen
-            s = self.sessions[slot.session_id] = _Session(next_index=slot.index + 1)
-        s.inflight = max(0, s.inflight - 1)
-        s.last_seen = time.time()
-        if slot.type == TURN_MAIN and turns and turns[0].trainable:
-            s.pending_main = slot.index
-            s.last_main = slot.index
-        if slot.close_after:
-            self.close(slot.session_id, "done" if not slot.anonymous else "no_session_id")
+        """Store the turn (one row per choice) and close the session if asked. Releases the slot."""
+        run = slot._run
+        if run is None or run.ended:
+            return
+        s = self._end(slot.session_id, run)
+        rec = run.main
+        if rec is not None:
+            if turns and turns[0].trainable:
+                rec.state = _STORED
+                if rec.held is not None:
+                    ns, echoed = rec.held
+                    rec.held = None
+                    pick = next((t for t in turns if echoed is not None and t.response_text == echoed), turns[0])
+                    pick.next_state, pick.next_state_at = ns, time.time()
+                    self.linked += 1
+                if slot._hasher is not None:
+                    for t in turns:
+                        self._remember(_answer_key(slot._hasher, t), _Answer(slot.session_id, slot.index,
+                                                                             t.response_text, rec))
+            else:
+                rec.state, rec.held = (_ABORTED if turns else _ABANDONED), None
+        if turns:
+            same = run.prompt_ids is not None and turns[0].prompt_ids == run.prompt_ids
+            self.store.finish_turns(turns, run.key, prompt_stored=same)
+            self.turns_captured += len(turns)
+        else:
+            self.store.abandon_turn(slot.session_id, run.index, run.key)
+        self._after_end(slot.session_id, s, run)
 
     def abandon(self, slot: TurnSlot) -> None:
-        """The request failed before producing a turn."""
-        s = self.sessions.get(slot.session_id)
+        """The request ended before producing a turn: drop its pending row, release the slot."""
+        self.finish(slot, [])
+
+    def _end(self, sid: str, run: _Run) -> _Session | None:
+        run.ended = True
+        s = self.sessions.get(sid)
         if s is not None:
-            s.inflight = max(0, s.inflight - 1)
-            if slot.anonymous:
-                del self.sessions[slot.session_id]
+            s.running.pop(run.index, None)
+            s.last_seen = time.time()
+        return s
+
+    def _after_end(self, sid: str, s: _Session | None, run: _Run) -> None:
+        if run.close_after:
+            self.close(sid, "no_session_id" if run.anonymous else "done")
+        elif s is not None and s.closing and not s.running:
+            self.close(sid, s.closing)
+
+    def _remember(self, key: bytes, answer: _Answer) -> None:
+        self._answers[key] = answer
+        self._answers.move_to_end(key)
+        if len(self._answers) > self.max_answers:
+            self._answers.popitem(last=False)
 
     def close(self, session_id: str, reason: str) -> None:
-        s = self.sessions.pop(session_id, None)
+        s = self.sessions.get(session_id)
         if s is None:
             return
-        self.store.close_session(session_id, reason, s.pending_main)
+        if s.running:  # its running requests come first; the last of them closes it
+            s.closing = reason
+            return
+        del self.sessions[session_id]
+        rec = s.last_main
+        final = rec.index if rec is not None and rec.state == _STORED and not rec.linked else None
+        self.store.close_session(session_id, reason, final)
         self.sessions_closed += 1
+        if not session_id.startswith("anon-"):
+            self._closed[session_id] = s.next_index
+            if len(self._closed) > self.max_closed:
+                self._closed.popitem(last=False)
 
     # -- background ----------------------------------------------------------
+    def reap(self) -> int:
+        """Release the slots whose requests dropped them unreleased (garbage-collected)."""
+        n = 0
+        for sid, s in list(self.sessions.items()):
+            for run in [r for r in s.running.values() if r.ref() is None and not r.ended]:
+                n += 1
+                log.warning("capture: turn %d of session %r was dropped without release; released", run.index, sid)
+                if run.main is not None:
+                    run.main.state, run.main.held = _ABANDONED, None
+                cur = self._end(sid, run)
+                self.store.abandon_turn(sid, run.index, run.key)
+                self._after_end(sid, cur, run)
+        self.reaped += n
+        return n
+
     def sweep(self, now: float | None = None) -> int:
+        self.reap()
         now = time.time() if now is None else now
         idle = [sid for sid, s in self.sessions.items()
-                if s.inflight == 0 and now - s.last_seen >= self.idle_timeout_s]
+                if not s.running and now - s.last_seen >= self.idle_timeout_s]
         for sid in idle:
             self.close(sid, "idle")
         return len(idle)
@@ -145,8 +459,13 @@ class Capture:
             "capture/turns_captured": float(self.turns_captured),
             "capture/sessions_closed": float(self.sessions_closed),
             "capture/next_states_linked": float(self.linked),
+            "capture/sessions_inferred": float(self.inferred_new),
+            "capture/sessions_continued_by_history": float(self.inferred_continued),
+            "capture/slots_reaped": float(self.reaped),
+            "capture/aborted_at_start": float(self.aborted_at_start),
             "capture/store_pending_writes": float(self.store.pending_writes()),
+            **self.store.write_stats(),
         }
 
 
-__all__ = ["Capture", "TurnSlot", "TURN_MAIN", "TURN_SIDE"]
+__all__ = ["Capture", "TurnSlot", "TURN_MAIN", "TURN_SIDE", "INFERRED_PREFIX", "is_inferred"]
