@@ -370,3 +370,29 @@ def test_kill_9_during_traffic_keeps_every_answered_request(random_model_dir, tm
     (long,) = store.session_turns("long")  # its request is kept, its answer lost: aborted, untrainable
     assert long.finish_reason == "abort" and not long.trainable and long.messages == long_q and long.prompt_ids
     store.close()
+
+
+def test_a_fresh_start_continues_the_stores_version_numbers(engine, random_model_dir, tmp_path):
+    """Without a resume, the base weights are not v0 again on a store that already served v0..v3."""
+    from conftest import make_cfg
+
+    from clawloop.engines.hf import HFEngine
+    from clawloop.records import Turn
+    from clawloop.runtime import continue_versions, open_store
+
+    cfg = make_cfg(random_model_dir, tmp_path)
+    store = open_store(cfg)
+    try:
+        store.add_turn(Turn(session_id="old", index=0, prompt_ids=[1], response_ids=[2], response_logprobs=[-1.0],
+                            policy_version=3))
+        store.flush()
+        eng = HFEngine(random_model_dir, device="cpu", dtype="float32")
+        assert eng.policy_version == 0
+        continue_versions(cfg, eng, store)
+        assert eng.policy_version == 4
+        resumed = make_cfg(random_model_dir, tmp_path, train__resume_from_checkpoint="latest")
+        eng2 = HFEngine(random_model_dir, device="cpu", dtype="float32")
+        continue_versions(resumed, eng2, store)
+        assert eng2.policy_version == 0  # a resume publishes the checkpoint's own version
+    finally:
+        store.close()

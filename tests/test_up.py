@@ -92,11 +92,12 @@ def test_up_learns_publishes_shuts_down_and_survives_kill(random_model_dir, tmp_
     try:
         # it resumed the checkpoint's weights (checked against the engine), and
         # may already have trained further on turns judged after the restart
-        assert up2.health()["policy_version"] >= state["policy_version"]
         deadline = time.time() + 30
         while "resume checked: engine serves the resumed weights as v%d" % state["policy_version"] not in up2.output():
             assert time.time() < deadline, up2.output()
             time.sleep(0.2)
+        # (the resume is published by a background task once serving is up: checked after its log line)
+        assert up2.health()["policy_version"] >= state["policy_version"]
         sent += converse(up2.client(), "after-restart", ["thanks"])
         # Turns are committed by the store's writer thread off the request path,
         # within milliseconds; a crash later than that loses nothing.

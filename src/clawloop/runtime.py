@@ -47,6 +47,7 @@ def build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, stor
         cfg.model.threads = 1
     engine = engine or make_engine(cfg)
     store = store or open_store(cfg)
+    continue_versions(cfg, engine, store)
     parts: dict[str, Any] = {"engine": engine, "store": store}
     stats: list[Callable[[], dict[str, float]]] = []
     background: list[Callable[[], Any]] = []
@@ -64,6 +65,18 @@ def build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, stor
     app = create_app(cfg, engine, store if cfg.capture.enabled else None, stats=stats, background=background)
     parts["gateway"] = app.state.gateway
     return app, parts
+
+
+def continue_versions(cfg: Config, engine: Any, store: Store) -> None:
+    """A fresh start (no resume) on a store that holds turns labels the base weights one past the
+    newest version stored, so a version number names one set of weights per store; a resume
+    publishes the checkpoint's own version instead."""
+    top = store.max_policy_version() if hasattr(store, "max_policy_version") else None
+    if top is None or cfg.train.resume_from_checkpoint or not hasattr(engine, "relabel"):
+        return
+    if engine.policy_version <= top:
+        engine.relabel(top + 1)
+        log.info("the store has turns up to v%d: serving the base weights as v%d", top, top + 1)
 
 
 async def export_metrics(cfg: Config, parts: dict[str, Any], every_s: float = 5.0) -> None:

@@ -220,6 +220,11 @@ class HFEngine:
             self.publishes += 1
             self.last_publish_s = time.perf_counter() - t0
 
+    def relabel(self, version: int) -> None:
+        """Name the weights served now `version` (before serving starts: a fresh run on a store that
+        already holds turns continues its numbering, so one version names one set of weights)."""
+        self._current.version = int(version)
+
     def stats(self) -> dict[str, float]:
         return {
             "engine/active_rows": float(sum(len(c.rows) + len(c.waiting) for c in self._cohorts)),

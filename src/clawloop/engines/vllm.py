@@ -303,6 +303,12 @@ class VLLMEngine:
     def policy_version(self) -> int:
         return self._version
 
+    def relabel(self, version: int) -> None:
+        """Name the weights served now `version` (before `start`; see HFEngine.relabel)."""
+        if self._running:
+            raise RuntimeError("relabel before start")
+        self._version = int(version)
+
     async def start(self) -> None:
         if self._running:
             return

@@ -40,6 +40,8 @@ def build_loop(cfg: Any, engine: Any, store: Any, *, loop: asyncio.AbstractEvent
         source = BufferSource(cfg.train.buffer_url, trainer.tokenizer)
     tl = TrainerLoop(cfg, trainer, store, engine, judge_name_of(cfg), loop=loop, buffer_source=source)
     tl.resume()
+    if tl.resumed_from is None and engine is not None:
+        trainer.version = engine.policy_version  # the next publish is one past what is served (runtime.continue_versions)
     return tl
 
 
