@@ -113,6 +113,15 @@ def test_tenants_are_on_turns_and_cannot_link_into_each_others_sessions(make_gat
     assert len(a) == 1 and a[0].next_state is None, "bob linked a next state into alice's session"
     assert len(b) == 1 and b[0].index == 0  # bob's session is his own, starting at turn 0
     assert g.store.session_turns("shared") == []
+    # Export per tenant: alice's file has alice's session only.
+    import json as _json
+
+    from clawloop.trajectories import export_sessions
+
+    out = g.store.path.parent / "alice.jsonl"
+    n = export_sessions(g.cfg.data_dir, str(out), tenant="alice")
+    rows = [_json.loads(ln) for ln in out.read_text().splitlines()]
+    assert n == 1 and [r["session_id"] for r in rows] == ["alice/shared"]
 
 
 def test_metrics_auth_and_per_tenant_counts(make_gateway):

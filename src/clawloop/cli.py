@@ -108,8 +108,9 @@ def cmd_export(argv: list[str]) -> int:
 
     p = _parser("export", "Write captured sessions as JSONL, one session per line.")
     p.add_argument("--out", required=True, help="Output file (- for stdout).")
-    cfg, own = _config(p, argv, ("out",))
-    n = export_sessions(cfg.data_dir, own["out"])
+    p.add_argument("--tenant", default=None, help="Only this tenant's sessions (the NAME of --api-key NAME=KEY).")
+    cfg, own = _config(p, argv, ("out", "tenant"))
+    n = export_sessions(cfg.data_dir, own["out"], tenant=own["tenant"])
     print(f"exported {n} session(s) to {own['out']}", file=sys.stderr)
     return 0
 

@@ -48,12 +48,17 @@ def turn_to_export(t: Turn) -> dict[str, Any]:
     return d
 
 
-def iter_export(store: Store) -> Iterator[dict[str, Any]]:
+def iter_export(store: Store, tenant: str | None = None) -> Iterator[dict[str, Any]]:
+    """Sessions in the export shape; with `tenant`, only the sessions of that API key's tenant."""
     for sid, turns in store.iter_sessions():
+        if tenant is not None:
+            turns = [t for t in turns if (t.tenant or "") == tenant]
+            if not turns:
+                continue
         yield {"session_id": sid, "turns": [turn_to_export(t) for t in turns]}
 
 
-def export_sessions(data_dir: str | Path, out: str) -> int:
+def export_sessions(data_dir: str | Path, out: str, tenant: str | None = None) -> int:
     path = Path(data_dir) / "clawloop.db"
     if not path.exists():
         from clawloop.config import ConfigError
@@ -63,14 +68,14 @@ def export_sessions(data_dir: str | Path, out: str) -> int:
     n = 0
     try:
         if out == "-":
-            for s in iter_export(store):
+            for s in iter_export(store, tenant):
                 sys.stdout.write(json.dumps(s) + "\n")
                 n += 1
             return n
         dest = Path(out)
         tmp = dest.with_name(dest.name + ".tmp")
         with tmp.open("w") as f:
-            for s in iter_export(store):
+            for s in iter_export(store, tenant):
                 f.write(json.dumps(s) + "\n")
                 n += 1
         tmp.replace(dest)
