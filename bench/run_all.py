@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["gateway_overhead", "buffer_ingest", "train_vs_trl", "serve_while_training", "tiny_model_arithmetic"]
+# vllm_engine prints {"skipped": ...} and exits 0 when there is no .venv-vllm (`make vllm`).
+ORDER = ["gateway_overhead", "buffer_ingest", "train_vs_trl", "serve_while_training", "tiny_model_arithmetic",
+         "vllm_engine"]
 
 
 def main(argv: list[str]) -> int:

@@ -22,7 +22,12 @@ Per phase: end-to-end latency p50/p99, time to first token (first chunk after
 the role chunk), and the longest gap between two consecutive SSE chunks of one
 request. Publish stall is the engine's own "weights ready -> served" time
 (`clawloop_engine_last_publish_s` on /metrics, sampled after every version
-change seen on /health). Non-2xx responses are counted over every request the
+change seen on /health). With `--backend vllm` (vLLM servers started by
+`clawloop up` from .venv-vllm) that time includes writing the weights as
+safetensors; the part in which the replica is paused and requests are frozen
+(`/pause` -> reload -> `/resume`, `clawloop_engine_last_pause_s`) is reported
+beside it, and the vLLM server's cores (its whole process group) are counted
+apart from clawloop's. Non-2xx responses are counted over every request the
 bench makes (probes, users, polls) and checked against the server's own
 `clawloop_requests_total`. Goals (issue 5): 0 non-2xx; p99 busy <= 1.5x idle.
 
@@ -32,6 +37,7 @@ by this bench and by everything else (from /proc) are printed beside the
 figures.
 
     .venv/bin/python bench/serve_while_training.py [--model DIR] [--publishes 20] [--busy-max-s 480]
+    .venv/bin/python bench/serve_while_training.py --backend vllm --model DIR
 
 Prints a table and, last, one JSON line.
 """
@@ -118,30 +124,57 @@ class Tally:
             return sum(n for by in self.codes.values() for n in by.values())
 
 
+def group_pids(pgid: int) -> list[int]:
+    """PIDs in process group `pgid` (a vLLM server: launcher, API server, engine core, worker)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rpartition(")")[2].split()[2]) == pgid:
+                    out.append(int(d.name))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
 class CpuMeter:
-    """Cores used over an interval by the server, this bench, and everything else (Linux /proc)."""
+    """Cores used over an interval by the server, this bench, and everything else (Linux /proc);
+    with `vllm_pgid`, the vLLM server's process group as well (apart from the server)."""
 
-    def __init__(self, pid: int):
-        self.pid, self.tick = pid, os.sysconf("SC_CLK_TCK")
+    def __init__(self, pid: int, vllm_pgid: int | None = None):
+        self.pid, self.vllm_pgid, self.tick = pid, vllm_pgid, os.sysconf("SC_CLK_TCK")
 
-    def snapshot(self) -> tuple[float, float, float, float] | None:
+    def _cpu(self, pid: int) -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime, all threads
+
+    def snapshot(self) -> tuple[float, float, float, float, float] | None:
         try:
             cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
             machine = (sum(cpu) - cpu[3] - cpu[4]) / self.tick  # all but idle and iowait
-            fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
-            server = (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime, all threads
+            server = self._cpu(self.pid)
         except (OSError, ValueError, IndexError):
             return None
+        vllm = 0.0
+        if self.vllm_pgid is not None:
+            for pid in group_pids(self.vllm_pgid):
+                try:
+                    vllm += self._cpu(pid)
+                except (OSError, ValueError, IndexError):
+                    pass
         t = os.times()
-        return time.perf_counter(), machine, server, t.user + t.system
+        return time.perf_counter(), machine, server, t.user + t.system, vllm
 
-    @staticmethod
-    def cores(a, b) -> dict[str, float]:
+    def cores(self, a, b) -> dict[str, float]:
         if a is None or b is None:
             return {}
         dt = b[0] - a[0]
-        server, bench = (b[2] - a[2]) / dt, (b[3] - a[3]) / dt
-        return {"cpu_server": server, "cpu_bench": bench, "cpu_other": max(0.0, (b[1] - a[1]) / dt - server - bench)}
+        server, bench, vllm = (b[2] - a[2]) / dt, (b[3] - a[3]) / dt, (b[4] - a[4]) / dt
+        out = {"cpu_server": server, "cpu_bench": bench}
+        if self.vllm_pgid is not None:
+            out["cpu_vllm"] = vllm
+        out["cpu_other"] = max(0.0, (b[1] - a[1]) / dt - server - bench - vllm)
+        return out
 
 
 # ---------------------------------------------------------------- the server
@@ -150,11 +183,13 @@ class CpuMeter:
 class Up:
     """`clawloop up` in a child process (its PID kept); stopped with SIGINT."""
 
-    def __init__(self, model: str, data_dir: str, port: int):
+    def __init__(self, model: str, data_dir: str, port: int, backend: str = "hf"):
         self.url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "clawloop.cli", "up", "--model-path", model, "--data-dir", data_dir,
                "--port", str(port), "--rollout-batch-size", "4", "--method", "combine", "--lr", "1e-4",
                "--no-serve-status", "--judge-poll-interval-s", "0.1"]
+        if backend != "hf":
+            cmd += ["--backend", backend]
         self.log_path = Path(data_dir) / "up.log"
         self.log = open(self.log_path, "w")
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
@@ -216,6 +251,7 @@ class PublishSample:
     stall_s: float  # clawloop_engine_last_publish_s right after
     engine_publishes: int
     train_step_s: float
+    pause_s: float = float("nan")  # clawloop_engine_last_pause_s (vLLM: paused -> resumed), NaN where absent
 
 
 class PublishWatcher(threading.Thread):
@@ -245,7 +281,8 @@ class PublishWatcher(threading.Thread):
                         self.engine_publishes = int(mx.get("clawloop_engine_publishes", self.engine_publishes))
                         self.samples.append(PublishSample(
                             t_before, t, v, mx.get("clawloop_engine_last_publish_s", float("nan")),
-                            self.engine_publishes, mx.get("clawloop_train_step_s", float("nan"))))
+                            self.engine_publishes, mx.get("clawloop_train_step_s", float("nan")),
+                            mx.get("clawloop_engine_last_pause_s", float("nan"))))
                     self.version = v
                     t_before = t
                 except httpx.HTTPError as e:
@@ -443,6 +480,8 @@ def finite(x):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="", help="HF model dir (default: the tiny model, built if missing)")
+    ap.add_argument("--backend", default="hf", choices=("hf", "vllm"),
+                    help="inference engine of `clawloop up` (vllm: servers from .venv-vllm)")
     ap.add_argument("--port", type=int, default=0, help="0: a free port")
     ap.add_argument("--concurrency", type=int, default=4, help="probes in flight")
     ap.add_argument("--users", type=int, default=4, help="simulated users (threads) in idle and busy")
@@ -469,8 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     port = a.port or free_port()
     tally = Tally()
     t_start = time.time()
-    up = Up(model, data, port)
-    print(f"clawloop up pid {up.proc.pid} on {up.url} (data {data})", flush=True)
+    up = Up(model, data, port, a.backend)
+    print(f"clawloop up pid {up.proc.pid} on {up.url} (data {data}, backend {a.backend})", flush=True)
     watcher = PublishWatcher(up.url, tally)
     phases: dict[str, dict] = {}
     busy_probes: list[Probe] = []
@@ -479,11 +518,17 @@ def main(argv: list[str] | None = None) -> int:
     user_stats: dict[str, dict] = {}
     engine_publishes = train_steps = busy_publishes = 0
     busy_t0 = 0.0
+    vllm_pgid: int | None = None
+    vllm_note = ""
     try:
-        startup_s = up.wait_healthy()
+        startup_s = up.wait_healthy(900.0 if a.backend == "vllm" else 300.0)
+        if a.backend == "vllm":
+            h = httpx.get(up.url + "/health", timeout=10).json()
+            vllm_pgid = h["replicas"][0]["pid"]  # started in its own session: its pid is the group id
+            print(f"vLLM replica {h['replicas'][0]['url']} (process group {vllm_pgid})", flush=True)
         watcher.start()
 
-        meter = CpuMeter(up.proc.pid)
+        meter = CpuMeter(up.proc.pid, vllm_pgid)
 
         def timed(seconds: float):
             end = time.perf_counter() + seconds
@@ -531,6 +576,15 @@ def main(argv: list[str] | None = None) -> int:
         if watcher.is_alive():
             watcher.join(timeout=30)
         rc, stop_s, killed = up.stop()
+        if vllm_pgid is not None:  # clawloop stops its vLLM group itself; check, and stop exactly that group if not
+            t_wait = time.time()
+            while group_pids(vllm_pgid) and time.time() - t_wait < 20:
+                time.sleep(0.2)
+            if group_pids(vllm_pgid):
+                os.killpg(vllm_pgid, signal.SIGKILL)
+                vllm_note = "left behind by clawloop up: SIGKILLed"
+            else:
+                vllm_note = "exited with clawloop up"
         log_tail = up.log_tail(15) if rc != 0 else ""
         if a.keep or rc != 0:
             print(f"data dir kept: {data}", flush=True)
@@ -542,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     samples = [s for s in watcher.samples if busy_t0 <= s.t <= busy_end]
     t_first_publish = samples[0].t - busy_t0 if samples else float("nan")
     stalls = [s.stall_s for s in samples]
+    pauses = [s.pause_s for s in samples if s.pause_s == s.pause_s]
     during = [p for p in busy_probes if overlaps_publish(p, samples)]
     outside = [p for p in busy_probes if not overlaps_publish(p, samples)]
     busy_s = phases["busy"]["seconds"]
@@ -552,10 +607,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print(f"{'phase':<20} {'probes':>6} {'fail':>4} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'ttft p50':>8} "
-          f"{'ttft p99':>8} {'gap p99':>8} {'gap max':>8} {'tok':>5}   cores: server bench other")
+          f"{'ttft p99':>8} {'gap p99':>8} {'gap max':>8} {'tok':>5}   cores: server "
+          + ("vllm " if vllm_pgid is not None else "") + "bench other")
     for name, s in phases.items():
-        cores = (f"{s['cpu_server']:>14.2f} {s['cpu_bench']:>5.2f} {s['cpu_other']:>5.2f}" if "cpu_server" in s
-                 else "")
+        cores = (f"{s['cpu_server']:>14.2f} " + (f"{s['cpu_vllm']:>4.2f} " if "cpu_vllm" in s else "")
+                 + f"{s['cpu_bench']:>5.2f} {s['cpu_other']:>5.2f}" if "cpu_server" in s else "")
         print(f"{name:<20} {s['probes']:>6} {s['failed']:>4} {s['p50_ms']:>8.1f} {s['p99_ms']:>8.1f} "
               f"{s['max_ms']:>8.1f} {s['ttft_p50_ms']:>8.1f} {s['ttft_p99_ms']:>8.1f} {s['gap_p99_ms']:>8.1f} "
               f"{s['gap_max_ms']:>8.1f} {s['mean_tokens']:>5.1f} {cores}")
@@ -574,6 +630,10 @@ def main(argv: list[str] | None = None) -> int:
     if stalls:
         print(f"publish stall        median {statistics.median(stalls) * 1e3:.1f} ms, "
               f"max {max(stalls) * 1e3:.1f} ms  (engine: weights ready -> served; n={len(stalls)})")
+    if pauses:
+        print(f"publish pause        median {statistics.median(pauses) * 1e3:.1f} ms, "
+              f"max {max(pauses) * 1e3:.1f} ms  (vLLM: /pause -> reload -> /resume, requests frozen; "
+              f"n={len(pauses)})")
     if step_s:
         print(f"train step           median {statistics.median(step_s) * 1e3:.0f} ms")
     print(f"longest chunk gap    busy {busy['gap_max_ms']:.1f} ms vs idle {idle['gap_max_ms']:.1f} ms "
@@ -586,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     for ex in tally.examples:
         print(f"  e.g. {ex}")
     print(f"clawloop up stop     rc={rc} in {stop_s:.1f} s{' (killed after SIGINT timeout)' if killed else ''}")
+    if vllm_note:
+        print(f"vLLM process group   {vllm_note}")
     if rc != 0:
         print(f"clawloop up did not exit 0; log tail:\n{log_tail}")
     minutes = (time.time() - t_start) / 60
@@ -593,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     r = lambda x: round(x, 2)  # noqa: E731
     print(json.dumps({
         "bench": "serve_while_training", "model": model, "concurrency": a.concurrency, "users": a.users,
+        **({"backend": a.backend, "vllm_group_after_stop": vllm_note} if a.backend != "hf" else {}),
         "phases": {k: {kk: finite(r(vv) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                    for k, v in phases.items()},
         "p99_ratio_busy_idle": r(ratio), "p99_ratio_busy_quiet": r(ratio_quiet), "goal_p99_ratio": 1.5,
@@ -602,6 +665,8 @@ def main(argv: list[str] | None = None) -> int:
         "first_publish_s": finite(r(t_first_publish)),
         "publish_stall_ms": {"n": len(stalls), "median": r(statistics.median(stalls) * 1e3) if stalls else None,
                              "max": r(max(stalls) * 1e3) if stalls else None},
+        **({"publish_pause_ms": {"n": len(pauses), "median": r(statistics.median(pauses) * 1e3),
+                                 "max": r(max(pauses) * 1e3)}} if pauses else {}),
         "max_gap_ms": {"quiet": r(quiet["gap_max_ms"]), "idle": r(idle["gap_max_ms"]), "busy": r(busy["gap_max_ms"])},
         "probes_across_swap": spanning, "up_exit_code": rc, "up_killed": killed, "minutes": r(minutes),
     }))
