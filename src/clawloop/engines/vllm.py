@@ -314,6 +314,8 @@ class VLLMEngine:
             return
         import httpx
 
+        # httpx logs every request at INFO: one line per generation and health check is noise here.
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=5.0, read=self.request_timeout_s, write=30.0, pool=30.0),
             limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512))
@@ -444,7 +446,7 @@ class VLLMEngine:
                         continue
                     data = line[6:]
                     if data == "[DONE]":
-                        break
+                        continue  # read the body to its end, so the connection goes back to the pool
                     msg = json.loads(data)
                     if "error" in msg and "choices" not in msg:
                         raise EngineUnavailable(f"{r.name}: {msg['error']}")
