@@ -525,19 +525,24 @@ class VLLMEngine:
             self.stats_.last_publish_s = time.perf_counter() - t0
             await asyncio.to_thread(self._prune_weights)
 
-    async def _publish_full(self, path: str, version: int) -> None:
+    async def _publish_to_replicas(self, what: str, version: int, call) -> None:
+        """`call(replica)` on every replica that is up, at once. A replica that fails is taken down
+        (and restarted: it comes back on the current weights); the publish fails only if all did."""
         up = [r for r in self.replicas if r.state == "up"]
-        results = await asyncio.gather(*(self._reload(r, path, version) for r in up), return_exceptions=True)
-        ok = 0
+        results = await asyncio.gather(*(call(r) for r in up), return_exceptions=True)
+        failed = [(r, res) for r, res in zip(up, results) if isinstance(res, BaseException)]
+        for r, res in failed:
+            log.error("%s v%d to %s failed: %s; restarting it", what, version, r.name, res)
+            r.last_error = f"{what} failed: {res}"
+            self._mark_down(r)
         for r, res in zip(up, results):
-            if isinstance(res, BaseException):
-                log.error("publish v%d to %s failed: %s; restarting it", version, r.name, res)
-                r.last_error = f"publish failed: {res}"
-                self._mark_down(r)
-            else:
-                ok += 1
-        if up and not ok:
-            raise RuntimeError(f"publish of v{version} failed on every replica: {results[0]}")
+            if not isinstance(res, BaseException):
+                r.version = version
+        if up and len(failed) == len(up):
+            raise RuntimeError(f"{what} of v{version} failed on every replica: {failed[0][1]}")
+
+    async def _publish_full(self, path: str, version: int) -> None:
+        await self._publish_to_replicas("publish", version, lambda r: self._reload(r, path, version))
         self._weights_path, self._version = path, version
         self._adapter = None
 
@@ -569,21 +574,8 @@ class VLLMEngine:
 
     async def _publish_adapter(self, path: str, version: int) -> None:
         name = f"clawloop-v{version}"
-        up = [r for r in self.replicas if r.state == "up"]
-        results = await asyncio.gather(*(self._post(r, "/v1/load_lora_adapter",
-                                                    json={"lora_name": name, "lora_path": path}, timeout=300)
-                                         for r in up), return_exceptions=True)
-        ok = 0
-        for r, res in zip(up, results):
-            if isinstance(res, BaseException):
-                log.error("LoRA publish v%d to %s failed: %s; restarting it", version, r.name, res)
-                r.last_error = f"LoRA publish failed: {res}"
-                self._mark_down(r)
-            else:
-                r.version = version
-                ok += 1
-        if up and not ok:
-            raise RuntimeError(f"LoRA publish of v{version} failed on every replica: {results[0]}")
+        await self._publish_to_replicas("LoRA publish", version, lambda r: self._post(
+            r, "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path}, timeout=300))
         old = self._adapter
         self._adapter = _Adapter(name, version, path)
         self._weights_path, self._version = path, version
