@@ -93,8 +93,12 @@ def test_tool_call_streamed(tool_gateway):
     chunks = list(c.chat.completions.create(model="m", messages=Q, tools=TOOLS, temperature=0, max_tokens=40,
                                             stream=True))
     calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
-    assert len(calls) == 1 and calls[0].function.name == "calculator"
-    assert json.loads(calls[0].function.arguments) == {"expression": "12+7"}
+    # OpenAI's shape: the first delta has the id, type and name; the arguments follow in pieces
+    assert calls[0].id and calls[0].type == "function" and calls[0].function.name == "calculator"
+    assert all(tc.index == 0 for tc in calls) and all(tc.id is None for tc in calls[1:])
+    assert len(calls) > 2, "arguments arrive as they are generated, not in one piece at the end"
+    args = "".join(tc.function.arguments or "" for tc in calls)
+    assert json.loads(args) == {"expression": "12+7"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert "<tool_call>" not in text

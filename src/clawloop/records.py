@@ -81,6 +81,15 @@ class Judgement:
     latency_s: float = 0.0
     malformed: int = 0
     created_at: float = field(default_factory=time.time)
+    reward: float | None = None
+    """The continuous reward behind `score`, when the judge has one (a custom reward model's 0.3, a
+    PRM's probability); `score` is then its sign, for votes and metrics. None: the reward is `score`.
+    `Sample.from_turn` carries it to `Sample.reward`, what Binary RL trains on."""
+
+    @property
+    def value(self) -> float:
+        """The reward to train on: `reward` when the judge gave one, else `score`."""
+        return float(self.score if self.reward is None else self.reward)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,7 +160,7 @@ class Sample:
             loss_mask=mask,
             rollout_logprobs=lps,
             prompt_len=n_prompt,
-            reward=float(judgement.score) if judgement is not None else None,
+            reward=judgement.value if judgement is not None else None,
             hint=judgement.hint if judgement is not None else None,
             policy_version=oldest,
             rollout_versions=versions,

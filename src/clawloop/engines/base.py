@@ -5,7 +5,10 @@ transformers engine.
 Token ids in, a stream of `TokenEvent`s out. The last event of a stream carries
 `finish_reason`. Logprobs are those of the sampled ids under the *unmodified*
 model distribution (temperature 1, no top-p), which is what the trainer
-recomputes; temperature and top-p only shape sampling.
+recomputes; temperature, top-p, penalties and logit bias only shape sampling.
+The one exception is a grammar constraint (`SamplingParams.constraint`): tokens
+the grammar forbids were never possible, so logprobs are renormalised over the
+allowed ones.
 
 `publish(weights, version)` swaps the served weights without refusing or
 interrupting anything: requests in flight finish on the weights they started
@@ -28,6 +31,17 @@ class SamplingParams:
     seed: int | None = None
     top_logprobs: int = 0
     """How many alternatives per position to report (0: none)."""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    """OpenAI's penalties over the tokens generated so far (not the prompt), as vLLM applies them:
+    logit -= presence * [count > 0] + frequency * count. They shape sampling only."""
+    logit_bias: dict[int, float] | None = None
+    """Added to the logits of these ids before sampling (sampling only, like the penalties)."""
+    constraint: dict[str, Any] | None = None
+    """A structural tag (xgrammar's format: `{"type": "structural_tag", "format": {...}}`) every
+    sampled token must keep valid; vLLM takes the same object as `structured_outputs.structural_tag`.
+    Under a constraint the reported logprobs are those of the constrained distribution: the model's
+    at temperature 1 renormalised over the tokens the grammar allows (what vLLM reports too)."""
 
 
 @dataclass

@@ -54,6 +54,10 @@ class _Row:
     done: bool = False
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+    matcher: Any = None
+    """The row's grammar matcher when its request has a constraint."""
+    counts: torch.Tensor | None = None
+    """(V,) how often each id was generated so far, for presence/frequency penalties."""
 
 
 @dataclass
@@ -134,6 +138,8 @@ class HFEngine:
                 eos_ids.update(int(x) for x in e)
         self.eos_token_ids = frozenset(eos_ids)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self._grammars: Any = None
         # Counters for /metrics and benchmarks.
         self.tokens_generated = 0
         self.steps = 0
@@ -193,6 +199,14 @@ class HFEngine:
             gen.manual_seed(int(p.seed))
         row = _Row(req=request, loop=loop, out=asyncio.Queue(), generator=gen,
                    stop_ids=frozenset(p.stop_token_ids) | self.eos_token_ids)
+        if p.constraint is not None:
+            grammars = self.grammars()
+            compiled = await loop.run_in_executor(None, grammars.compile, p.constraint)
+            row.matcher = grammars.matcher(compiled)
+        if p.logit_bias:
+            bad = [t for t in p.logit_bias if not 0 <= int(t) < self.vocab_size]
+            if bad:
+                raise ValueError(f"logit_bias: token ids {bad[:5]} are outside the vocabulary (size {self.vocab_size})")
         self._inbox.put(("row", row))
         self._wake.set()
         try:
@@ -240,6 +254,14 @@ class HFEngine:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Current served weights (shared tensors: do not modify)."""
         return self._current.model.state_dict()
+
+    def grammars(self) -> Any:
+        """The constrained-decoding helper (built on first use: it reads the whole vocabulary)."""
+        if self._grammars is None:
+            from clawloop.engines.grammar import Grammars
+
+            self._grammars = Grammars(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids))
+        return self._grammars
 
     # -- weights -----------------------------------------------------------
     def _prepare_model(self, weights: Mapping[str, Any] | str | Path) -> torch.nn.Module:
@@ -405,15 +427,16 @@ class HFEngine:
                 r.done = True
                 continue
             p = r.req.params
-            tok = self._sample(logits[i], p, r.generator)
-            lp = float(logprobs[i, tok])
-            top = None
-            if p.top_logprobs > 0:
-                v, ix = torch.topk(logprobs[i], k=min(p.top_logprobs, logprobs.shape[-1]))
-                top = [(int(a), float(b)) for a, b in zip(ix, v)]
+            try:
+                tok, lp, top = self._choose(r, logits[i], logprobs[i])
+            except Exception as e:  # one row's failure (a grammar dead end) ends that row only
+                log.exception("sampling failed for one row")
+                self._emit(r, RuntimeError(f"generation failed: {e}"))
+                r.done = True
+                continue
             r.generated += 1
             finish = None
-            if tok in r.stop_ids:
+            if tok in r.stop_ids or (r.matcher is not None and r.matcher.is_terminated()):
                 finish = "stop"
             elif r.generated >= p.max_tokens or r.n_real + 1 >= self.max_model_len:
                 finish = "length"
@@ -446,6 +469,38 @@ class HFEngine:
             for layer in c.cache.layers:
                 layer.keys = layer.keys[:, :, first_real:]
                 layer.values = layer.values[:, :, first_real:]
+
+    def _choose(self, r: _Row, logits: torch.Tensor, logprobs: torch.Tensor
+                ) -> tuple[int, float, list[tuple[int, float]] | None]:
+        """One row's next id, its logprob and the top alternatives. The grammar (if any) masks the
+        distribution the logprobs are reported from; penalties and logit bias shape sampling only,
+        in vLLM's order (mask, logprobs, penalties/bias, temperature, top-p)."""
+        p = r.req.params
+        if r.matcher is not None:
+            logits = self.grammars().mask(r.matcher, logits)  # (V,)
+            logprobs = torch.log_softmax(logits, dim=-1)
+        shaped = logits
+        if p.logit_bias or p.presence_penalty or p.frequency_penalty:
+            shaped = logits.clone()
+            if p.logit_bias:
+                ids = torch.tensor([int(t) for t in p.logit_bias], dtype=torch.long)
+                shaped.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), dtype=shaped.dtype))
+            if r.counts is not None:
+                shaped -= p.presence_penalty * (r.counts > 0).to(shaped.dtype) + p.frequency_penalty * r.counts
+        tok = self._sample(shaped, p, r.generator)
+        if not torch.isfinite(logprobs[tok]):
+            raise RuntimeError("sampled an id the grammar forbids (all allowed ids have -inf logits?)")
+        if r.matcher is not None and not r.matcher.accept_token(tok):
+            raise RuntimeError(f"the grammar refused id {tok}")
+        if p.presence_penalty or p.frequency_penalty:
+            if r.counts is None:
+                r.counts = torch.zeros(logits.shape[-1], dtype=logits.dtype)
+            r.counts[tok] += 1
+        top = None
+        if p.top_logprobs > 0:
+            v, ix = torch.topk(logprobs, k=min(p.top_logprobs, logprobs.shape[-1]))
+            top = [(int(a), float(b)) for a, b in zip(ix, v) if torch.isfinite(b)]
+        return tok, float(logprobs[tok]), top
 
     @staticmethod
     def _sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:

@@ -2,8 +2,9 @@
 
 Everything a client can get wrong is checked here, before any token is
 generated or anything is captured, and reported as an `APIError` in OpenAI's
-error shape. Unknown top-level fields are ignored (SDKs send `store`,
-`metadata`, `parallel_tool_calls`, …); wrong values of known fields are not.
+error shape. Every parameter of OpenAI's chat API is either honoured or
+refused by name (`UNSUPPORTED`); fields outside that API (other servers'
+extensions) are ignored, wrong values of known fields are not.
 """
 
 from __future__ import annotations
@@ -18,6 +19,17 @@ CLAWLOOP_FIELDS = ("session_id", "turn_type", "session_done", "return_token_ids"
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 4
+MAX_LOGIT_BIAS = 300
+UNSUPPORTED = {
+    "audio": "audio output is not supported (text only)",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "functions": "the deprecated 'functions' parameter is not supported: pass them as 'tools'",
+    "function_call": "the deprecated 'function_call' parameter is not supported: use 'tool_choice'",
+    "reasoning_effort": "this model has no reasoning-effort setting",
+    "verbosity": "this model has no verbosity setting",
+}
+"""OpenAI chat parameters clawloop refuses (when set to anything but null) and why."""
 INT64 = (-(2**63), 2**63 - 1)
 GREEDY_BELOW = 1e-5
 """Temperatures under this sample greedily (as vLLM does): dividing logits by 1e-300 gives inf, then NaN."""
@@ -55,6 +67,18 @@ class ChatRequest:
     model: str = ""
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
+    """None for plain text; else `{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {...}}`."""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    store: bool | None = None
+    """`false`: the client asks that the exchange not be kept — it is not captured."""
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    """Routes the request like a session id (replicas keep a key on one warm prefix cache)."""
     stream: bool = False
     include_usage: bool = False
     n: int = 1
@@ -207,7 +231,56 @@ def _normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise _bad(f"Missing required parameter: '{p}.function.name'.", p + ".function.name",
                        code="missing_required_parameter")
+        if "parameters" in fn and not isinstance(fn["parameters"], dict):
+            raise _bad(f"Invalid type for '{p}.function.parameters': expected a JSON schema object.",
+                       p + ".function.parameters", code="invalid_type")
         out.append({"type": "function", "function": fn})
+    names = [t["function"]["name"] for t in out]
+    for i, n in enumerate(names):
+        if names.index(n) != i:
+            raise _bad(f"Invalid value for 'tools[{i}].function.name': {n!r} is offered twice.",
+                       f"tools[{i}].function.name")
+    return out or None
+
+
+def _response_format(body: dict) -> dict[str, Any] | None:
+    rf = body.get("response_format")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise _bad("Invalid value for 'response_format': expected {'type': 'text' | 'json_object' | "
+                   "'json_schema'}.", "response_format")
+    if rf["type"] == "text":
+        return None
+    if rf["type"] == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("name"), str) or not js["name"]:
+            raise _bad("Missing required parameter: 'response_format.json_schema.name'.",
+                       "response_format.json_schema.name", code="missing_required_parameter")
+        schema = js.get("schema", {})
+        if not isinstance(schema, dict):
+            raise _bad("Invalid type for 'response_format.json_schema.schema': expected a JSON schema object.",
+                       "response_format.json_schema.schema", code="invalid_type")
+        return {"type": "json_schema", "json_schema": {**js, "schema": schema}}
+    return {"type": "json_object"}
+
+
+def _logit_bias(body: dict) -> dict[int, float] | None:
+    lb = body.get("logit_bias")
+    if lb is None:
+        return None
+    if not isinstance(lb, dict):
+        raise _bad("Invalid type for 'logit_bias': expected an object mapping token ids to biases.", "logit_bias",
+                   code="invalid_type")
+    if len(lb) > MAX_LOGIT_BIAS:
+        raise _bad(f"Invalid value for 'logit_bias': at most {MAX_LOGIT_BIAS} entries.", "logit_bias")
+    out: dict[int, float] = {}
+    for k, v in lb.items():
+        if not (isinstance(k, str) and k.strip().lstrip("-").isdigit()) or int(k) < 0:
+            raise _bad(f"Invalid key in 'logit_bias': {k!r} is not a token id.", "logit_bias")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise _bad(f"Invalid value in 'logit_bias' for {k}: {v!r} (a number from -100 to 100).", "logit_bias")
+        out[int(k)] = float(v)
     return out or None
 
 
@@ -235,6 +308,13 @@ def _bool(body: dict, key: str, default: bool = False) -> bool:
 
 
 def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
+    for key, why in UNSUPPORTED.items():
+        if body.get(key) is not None:
+            raise _bad(f"Unsupported parameter: '{key}': {why}.", key, code="unsupported_parameter")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise _bad("Unsupported value for 'modalities': this model produces text only (['text']).", "modalities",
+                   code="unsupported_parameter")
     req = ChatRequest(messages=normalize_messages(body.get("messages")))
     model = body.get("model", "")
     if not isinstance(model, str):
@@ -252,7 +332,12 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
                    "{'type': 'function', 'function': {'name'}}.", "tool_choice")
     if tc != "auto" and tc != "none" and not req.tools:
         raise _bad("'tool_choice' is set but no 'tools' were given.", "tool_choice")
+    if isinstance(tc, dict) and tc["function"]["name"] not in [t["function"]["name"] for t in req.tools or ()]:
+        raise _bad(f"Invalid value for 'tool_choice': no tool named {tc['function']['name']!r} was offered.",
+                   "tool_choice")
     req.tool_choice = tc
+    req.parallel_tool_calls = _bool(body, "parallel_tool_calls", True)
+    req.response_format = _response_format(body)
     req.stream = _bool(body, "stream")
     so = body.get("stream_options")
     if so is not None:
@@ -290,8 +375,34 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
     req.top_logprobs = _number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0, integer=True)
     if req.top_logprobs and not req.logprobs:
         raise _bad("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
-    for key in ("presence_penalty", "frequency_penalty"):
-        _number(body, key, -2.0, 2.0, 0.0)
+    req.presence_penalty = _number(body, "presence_penalty", -2.0, 2.0, 0.0)
+    req.frequency_penalty = _number(body, "frequency_penalty", -2.0, 2.0, 0.0)
+    req.logit_bias = _logit_bias(body)
+    store = body.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise _bad("Invalid type for 'store': expected a boolean.", "store", code="invalid_type")
+    req.store = store
+    md = body.get("metadata")
+    if md is not None:
+        if (not isinstance(md, dict) or len(md) > 16
+                or not all(isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+                           for k, v in md.items())):
+            raise _bad("Invalid value for 'metadata': at most 16 string keys (<= 64 chars) with string values "
+                       "(<= 512 chars).", "metadata")
+        req.metadata = dict(md)
+    tier = body.get("service_tier")
+    if tier is not None and tier not in ("auto", "default"):
+        raise _bad(f"Unsupported value for 'service_tier': {tier!r}: this server has one tier ('auto' or "
+                   "'default').", "service_tier", code="unsupported_parameter")
+    req.service_tier = tier
+    for key in ("prompt_cache_key", "safety_identifier"):
+        v = body.get(key)
+        if v is not None and not isinstance(v, str):
+            raise _bad(f"Invalid type for '{key}': expected a string.", key, code="invalid_type")
+    req.prompt_cache_key = body.get("prompt_cache_key") or None
+    if body.get("prompt_cache_retention") not in (None, "in-memory", "in_memory"):
+        raise _bad("Unsupported value for 'prompt_cache_retention': prompts are cached in memory only.",
+                   "prompt_cache_retention", code="unsupported_parameter")
     req.return_token_ids = _bool(body, "return_token_ids")
     req.continue_final_message = _bool(body, "continue_final_message")
     agp = _bool(body, "add_generation_prompt", True)

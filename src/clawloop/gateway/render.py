@@ -327,3 +327,120 @@ class TextStream:
         out = self.text[self.sent:limit]
         self.sent = limit
         return out
+
+
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
+class ToolCallStream:
+    """Tool calls streamed as they are generated, OpenAI style: a call's first delta carries its
+    id and name, later ones pieces of its `arguments` text.
+
+    `feed` takes the held-back text from the first `<tool_call>` on (all of it, each time) and
+    returns the new `delta.tool_calls` entries. A block written as `{"name": ..., "arguments": ...}`
+    (the order the constrained grammar produces) streams; any other shape is left for `finish`,
+    which parses the whole text and returns the calls (streamed ones keep their ids and indexes)
+    and the deltas still owed."""
+
+    def __init__(self) -> None:
+        self.pos = 0  # where to look for the next block
+        self.calls: list[dict[str, Any]] = []  # streamed calls: index, id, name, block, args, sent, done
+        self._cur: dict[str, Any] | None = None
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while True:
+            cur = self._cur
+            if cur is None:
+                j = text.find(TOOL_OPEN, self.pos)
+                if j < 0:
+                    return out
+                m = _CALL_HEAD.match(text, j + len(TOOL_OPEN))
+                if m is None or m.end() == len(text):  # not (yet) the streamable shape
+                    close = text.find(TOOL_CLOSE, j)
+                    if m is None and close >= 0:
+                        self.pos = close + len(TOOL_CLOSE)  # complete but another shape: parsed by finish
+                        continue
+                    return out
+                try:
+                    name = json.loads(f'"{m.group(1)}"')
+                except json.JSONDecodeError:
+                    name = m.group(1)
+                cur = self._cur = {"index": len(self.calls), "id": f"call_{uuid.uuid4().hex[:24]}", "name": name,
+                                   "block": j, "from": m.end(), "scan": m.end(), "depth": 0, "in_str": False,
+                                   "esc": False, "sent": "", "done": False, "streamable": True}
+                self.calls.append(cur)
+                out.append({"index": cur["index"], "id": cur["id"], "type": "function",
+                            "function": {"name": name, "arguments": ""}})
+            new = self._scan(cur, text)
+            if new:
+                cur["sent"] += new
+                out.append({"index": cur["index"], "function": {"arguments": new}})
+            if not cur["done"]:
+                return out
+            close = text.find(TOOL_CLOSE, cur["scan"])
+            if close < 0:
+                return out
+            self.pos = close + len(TOOL_CLOSE)
+            self._cur = None
+
+    @staticmethod
+    def _scan(cur: dict[str, Any], text: str) -> str:
+        """Advance over the arguments' JSON; return the part of it not yet sent."""
+        i, start = cur["scan"], cur["scan"]
+        while i < len(text) and not cur["done"]:
+            ch = text[i]
+            if cur["depth"] == 0 and not cur["sent"] and i == start and start == cur["from"] and ch != "{":
+                cur["done"], cur["streamable"] = True, False  # arguments that are not an object: finish parses
+                return ""
+            if cur["in_str"]:
+                if cur["esc"]:
+                    cur["esc"] = False
+                elif ch == "\\":
+                    cur["esc"] = True
+                elif ch == '"':
+                    cur["in_str"] = False
+            elif ch == '"':
+                cur["in_str"] = True
+            elif ch in "{[":
+                cur["depth"] += 1
+            elif ch in "}]":
+                cur["depth"] -= 1
+                if cur["depth"] == 0:
+                    cur["done"] = True
+            i += 1
+        cur["scan"] = i
+        return text[start:i]
+
+    def finish(self, text: str, offset: int = 0) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+        """(the text outside the calls, unstripped; every call in index order; the deltas not yet
+        sent). `text` is the generated text from `offset` on (the part not shown as content)."""
+        by_block = {c["block"]: c for c in self.calls}
+        calls: list[tuple[int, dict[str, Any]]] = []
+        owed: list[dict[str, Any]] = []
+        kept: list[str] = []
+        pos, extra = 0, len(self.calls)
+        for m in _TOOL_RE.finditer(text):
+            streamed = by_block.get(m.start() + offset)
+            _, parsed = parse_tool_calls(m.group(0))
+            p = parsed[0] if parsed else None
+            if streamed is not None:
+                args = streamed["sent"]
+                if p is not None and p["function"]["arguments"].startswith(args):
+                    args = p["function"]["arguments"]  # what the client has is what it keeps
+                if len(args) > len(streamed["sent"]):
+                    owed.append({"index": streamed["index"], "function": {"arguments": args[len(streamed["sent"]):]}})
+                calls.append((streamed["index"], {"id": streamed["id"], "type": "function",
+                                                  "function": {"name": streamed["name"], "arguments": args}}))
+            elif p is not None:
+                calls.append((extra, p))
+                owed.append({"index": extra, **p})
+                extra += 1
+            else:
+                continue  # not a call: stays in the content
+            kept.append(text[pos:m.start()])
+            pos = m.end()
+        if not calls:
+            return text, [], []
+        kept.append(text[pos:])
+        return "".join(kept), [c for _, c in sorted(calls, key=lambda x: x[0])], owed

@@ -109,6 +109,7 @@ MIGRATIONS = (
     ("turns", "response_versions", "TEXT"),
     ("turns", "tenant", "TEXT"),
     ("turns", "sampling", "TEXT"),
+    ("judgements", "reward", "REAL"),  # a judge's continuous reward (Judgement.reward); NULL: the score
 )
 # Indexes over migrated columns would go here; the partial pending index only needs finish_reason.
 
@@ -188,10 +189,15 @@ def _migrate(conn: sqlite3.Connection) -> None:
                 raise
 
 
+_JUDGEMENT_COLS = "turn_id, judge, score, votes, hint, latency_s, malformed, created_at, reward"
+_N_JUDGEMENT_COLS = len(_JUDGEMENT_COLS.split(","))
+
+
 def _row_to_judgement(r: tuple) -> Judgement:
-    turn_id, judge, score, votes, hint, latency, malformed, created = r
+    turn_id, judge, score, votes, hint, latency, malformed, created, reward = r
     return Judgement(turn_id=turn_id, judge=judge, score=score, votes=json.loads(votes),
-                     hint=hint, latency_s=latency, malformed=malformed, created_at=created)
+                     hint=hint, latency_s=latency, malformed=malformed, created_at=created,
+                     reward=None if reward is None else float(reward))
 
 
 # -- spill records -------------------------------------------------------------
@@ -648,10 +654,9 @@ class Store:
     def _op_judgement(self, conn: sqlite3.Connection, a: dict[str, Any]) -> bool:
         j: Judgement = a["judgement"]
         cur = conn.execute(
-            "INSERT OR IGNORE INTO judgements (turn_id, judge, score, votes, hint, latency_s, "
-            "malformed, created_at) VALUES (?,?,?,?,?,?,?,?)",
+            f"INSERT OR IGNORE INTO judgements ({_JUDGEMENT_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
             (j.turn_id, j.judge, int(j.score), json.dumps(j.votes), j.hint, float(j.latency_s),
-             int(j.malformed), j.created_at),
+             int(j.malformed), j.created_at, None if j.reward is None else float(j.reward)),
         )
         return cur.rowcount == 1
 
@@ -809,8 +814,7 @@ class Store:
 
     def get_judgement(self, turn_id: int, judge: str) -> Judgement | None:
         r = self._reader().execute(
-            "SELECT turn_id, judge, score, votes, hint, latency_s, malformed, created_at "
-            "FROM judgements WHERE turn_id=? AND judge=?",
+            f"SELECT {_JUDGEMENT_COLS} FROM judgements WHERE turn_id=? AND judge=?",
             (turn_id, judge),
         ).fetchone()
         return _row_to_judgement(r) if r else None
@@ -820,13 +824,14 @@ class Store:
 
         The trainer keeps the last id it consumed as its cursor (see get_cursor)."""
         rows = self._reader().execute(
-            "SELECT j.id, j.turn_id, j.judge, j.score, j.votes, j.hint, j.latency_s, j.malformed, "
-            f"j.created_at, {', '.join('t.' + c.strip() for c in _TURN_COLS.split(','))} "
+            f"SELECT j.id, {', '.join('j.' + c.strip() for c in _JUDGEMENT_COLS.split(','))}, "
+            f"{', '.join('t.' + c.strip() for c in _TURN_COLS.split(','))} "
             "FROM judgements j JOIN turns t ON t.id=j.turn_id "
             "WHERE j.judge=? AND j.id>? ORDER BY j.id LIMIT ?",
             (judge, after_id, limit),
         ).fetchall()
-        return [(r[0], _row_to_turn(r[9:]), _row_to_judgement(r[1:9])) for r in rows]
+        n = 1 + _N_JUDGEMENT_COLS
+        return [(r[0], _row_to_turn(r[n:]), _row_to_judgement(r[1:n])) for r in rows]
 
     # -- cursors and counters --------------------------------------------
     def get_cursor(self, name: str, default: int = 0) -> int:

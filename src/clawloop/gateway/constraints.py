@@ -1,0 +1,109 @@
+"""What a chat request's output must look like, as one structural tag for the engine.
+
+- `response_format` `json_object` / `json_schema` → a `json_schema` format (strict: a
+  property the schema does not name is refused, as OpenAI's strict mode does).
+- offered tools → every `<tool_call>` block is `{"name": <an offered name>, "arguments":
+  <that tool's parameter schema>}`, in the Hermes/Qwen format the gateway parses
+  (render.py); `tool_choice`: `auto` free text with optional calls (`triggered_tags`),
+  `required` at least one call, a named function exactly that call, `none` no tools at
+  all (they are not rendered); `parallel_tool_calls: false` ends the reply after the
+  first call.
+- both: the reply is either the JSON or the tool calls.
+
+The same object goes to the hf engine (xgrammar) and to vLLM (`structured_outputs.
+structural_tag`), so both engines enforce the same grammar. A schema xgrammar cannot
+compile is a 400 naming the parameter it came from.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from clawloop.gateway.protocol import APIError, ChatRequest
+from clawloop.gateway.render import TOOL_CLOSE, TOOL_OPEN
+
+MAX_WHITESPACE = 8
+"""Longest run of whitespace allowed between JSON tokens: pretty-printing fits, a model that
+would pad forever (weak models do) cannot."""
+EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def _json_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": schema, "style": "json", "max_whitespace_cnt": MAX_WHITESPACE}
+
+
+def tool_tag(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = tool["function"]
+    params = fn.get("parameters") or EMPTY_PARAMETERS
+    return {"type": "tag", "begin": f'{TOOL_OPEN}\n{{"name": {json.dumps(fn["name"])}, "arguments": ',
+            "content": _json_format(params), "end": f"}}\n{TOOL_CLOSE}"}
+
+
+def _content_format(req: ChatRequest) -> dict[str, Any] | None:
+    rf = req.response_format
+    if rf is None:
+        return None
+    if rf["type"] == "json_object":
+        return _json_format({"type": "object"})
+    return _json_format(rf["json_schema"]["schema"])
+
+
+def build_constraint(req: ChatRequest, use_tools: bool, constrain_tools: bool = True) -> dict[str, Any] | None:
+    """The structural tag for `req`, or None when its output is free text."""
+    content = _content_format(req)
+    tools_format = None
+    if use_tools and req.tools and constrain_tools:
+        tc = req.tool_choice
+        if isinstance(tc, dict):
+            chosen = [t for t in req.tools if t["function"]["name"] == tc["function"]["name"]]
+            tools_format = tool_tag(chosen[0])
+        else:
+            tools_format = {"type": "triggered_tags", "triggers": [TOOL_OPEN],
+                            "tags": [tool_tag(t) for t in req.tools],
+                            "at_least_one": tc == "required" or content is not None,
+                            "stop_after_first": not req.parallel_tool_calls}
+    if content is not None and tools_format is not None:
+        if isinstance(req.tool_choice, dict) or req.tool_choice == "required":
+            fmt = tools_format  # a call is required: the JSON answer is not an option
+        else:
+            fmt = {"type": "or", "elements": [content, tools_format]}
+    else:
+        fmt = content or tools_format
+    if fmt is None:
+        return None
+    tag = {"type": "structural_tag", "format": fmt}
+    _check(req, tag)
+    return tag
+
+
+def _check(req: ChatRequest, tag: dict[str, Any]) -> None:
+    """400 naming the parameter whose schema does not compile."""
+    if _compiles(json.dumps(tag, sort_keys=True)) is None:
+        return
+    if req.response_format is not None:
+        why = _compiles(json.dumps({"type": "structural_tag", "format": _content_format(req)}, sort_keys=True))
+        if why is not None:
+            param = ("response_format.json_schema.schema" if req.response_format["type"] == "json_schema"
+                     else "response_format")
+            raise APIError(400, f"Invalid schema in '{param}': {why}", param=param, code="invalid_schema")
+    for i, t in enumerate(req.tools or ()):
+        why = _compiles(json.dumps({"type": "structural_tag", "format": tool_tag(t)}, sort_keys=True))
+        if why is not None:
+            param = f"tools[{i}].function.parameters"
+            raise APIError(400, f"Invalid schema in '{param}': {why}", param=param, code="invalid_schema")
+    raise APIError(400, f"The requested output constraint cannot be built: {_compiles(json.dumps(tag))}",
+                   param="response_format", code="invalid_schema")
+
+
+@lru_cache(maxsize=512)
+def _compiles(tag_text: str) -> str | None:
+    """None when the tag compiles, else xgrammar's reason (cached: clients repeat their tools)."""
+    from clawloop.engines.grammar import check_constraint
+
+    try:
+        check_constraint(json.loads(tag_text))
+    except ValueError as e:
+        return str(e) or "does not compile"
+    return None
