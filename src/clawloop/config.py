@@ -103,6 +103,10 @@ class ServeConfig:
     request_timeout_s: float = opt(600.0, "Longest a chat request may take, queueing included (0: no limit); "
                                           "then it gets a 504 and its generation is aborted.",
                                    flags=("--request-timeout",))
+    constrain_tool_calls: bool = opt(True, "Constrain tool calls to the offered tools' names and parameter "
+                                           "schemas (grammar-constrained decoding); off: the model's calls are "
+                                           "parsed as written and may be invalid.",
+                                     flags=("--constrain-tool-calls",))
     status: bool = opt(True, "Live terminal status (only when stdout is a terminal).")
 
 

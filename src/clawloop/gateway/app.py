@@ -49,9 +49,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from clawloop.config import api_key_tenants
 from clawloop.engines.base import Engine, EngineUnavailable, GenerationRequest, SamplingParams, TokenEvent
 from clawloop.gateway.capture import Capture, TurnSlot
+from clawloop.gateway.constraints import build_constraint
 from clawloop.gateway.metrics import Metrics
 from clawloop.gateway.protocol import APIError, ChatRequest, parse_chat_request, parse_json_body
-from clawloop.gateway.render import Detokenizer, TextStream, TokenPieces, parse_tool_calls, renderer_for
+from clawloop.gateway.render import Detokenizer, TextStream, TokenPieces, ToolCallStream, renderer_for
 from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ class _Choice:
     version: int | None = None
     content: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    calls: ToolCallStream = field(default_factory=ToolCallStream)
 
 
 class Gateway:
@@ -287,16 +289,31 @@ class Gateway:
                                   **{k: v for k, v in extras.items() if k in self._begin_extras})
 
     async def chat(self, request: Request) -> Response:
-        t0 = time.perf_counter()
-        timeout = self.cfg.serve.request_timeout_s
-        deadline = asyncio.get_running_loop().time() + timeout if timeout > 0 else None
         self.requests += 1
         tenant = self.check_auth(request)
         body = parse_json_body(await self.read_body(request))
+        return await self.run_chat(request, body, tenant)
+
+    async def run_chat(self, request: Request, body: dict[str, Any], tenant: str, *,
+                       session: tuple[str | None, str, bool] | None = None,
+                       rid_prefix: str = "chatcmpl") -> Response:
+        """Serve one chat-completions `body` (already authenticated): a `JSONResponse`, or a
+        `StreamingResponse` of chat.completion.chunk SSE events. Other endpoints (/v1/responses)
+        translate to and from this. `session`: (session id, turn type, done) decided by the
+        caller instead of the headers/body."""
+        t0 = time.perf_counter()
+        timeout = self.cfg.serve.request_timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout if timeout > 0 else None
         max_len = self.cfg.model.max_model_len
         req = parse_chat_request(body, max_len)
-        sid, turn_type, done = self.session_of(request, req, tenant)
+        sid, turn_type, done = session if session is not None else self.session_of(request, req, tenant)
         use_tools = bool(req.tools) and req.tool_choice != "none"
+        constraint = build_constraint(req, use_tools, self.cfg.serve.constrain_tool_calls)
+        if req.logit_bias:
+            vocab = max(len(self.tok), int(getattr(self.engine, "vocab_size", 0) or 0))
+            if bad := [t for t in req.logit_bias if t >= vocab]:
+                raise APIError(400, f"Invalid key in 'logit_bias': token id {bad[0]} is outside the vocabulary "
+                               f"(size {vocab}).", param="logit_bias", code="invalid_value")
         prompt_ids = await self.render(req, use_tools, max_len)
         if len(prompt_ids) >= max_len:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens; your messages "
@@ -311,18 +328,22 @@ class Gateway:
             self.timeouts += 1
             raise timeout_error(timeout) from None
         try:
-            slot = self.begin_capture(sid, turn_type, req.messages, done, tenant=tenant, prompt_ids=prompt_ids,
-                                      tools=req.tools if use_tools else None)
+            slot = (None if req.store is False else  # the client asked that this exchange not be kept
+                    self.begin_capture(sid, turn_type, req.messages, done, tenant=tenant, prompt_ids=prompt_ids,
+                                       tools=req.tools if use_tools else None))
         except BaseException:
             lease.release()
             raise
         version = self.engine.policy_version
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        rid = f"{rid_prefix}-{uuid.uuid4().hex}"
         choices = [_Choice(i, Detokenizer(self.tok), TextStream(req.stop, use_tools)) for i in range(req.n)]
         params = [SamplingParams(temperature=req.temperature, top_p=req.top_p, max_tokens=max_tokens,
                                  seed=None if req.seed is None else choice_seed(req.seed, i),
-                                 top_logprobs=req.top_logprobs) for i in range(req.n)]
-        ctx = _Ctx(self, req, rid, prompt_ids, choices, params, slot, sid, turn_type, use_tools, t0,
+                                 top_logprobs=req.top_logprobs, presence_penalty=req.presence_penalty,
+                                 frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias,
+                                 constraint=constraint) for i in range(req.n)]
+        ctx = _Ctx(self, req, rid, prompt_ids, choices, params, slot, sid or req.prompt_cache_key, turn_type,
+                   use_tools, t0,
                    tenant=tenant, lease=lease, deadline=deadline, start_version=version)
         if req.stream:
             # The headers leave before the first token: the version they name is the one at acceptance.
@@ -387,23 +408,33 @@ class _Ctx:
             c.finish_reason = "stop"
         return out
 
-    def finalize(self, c: _Choice) -> str:
-        """Split tool calls off the held-back tail; return tail content to show."""
+    def finalize(self, c: _Choice) -> tuple[str, list[dict[str, Any]]]:
+        """Split tool calls off the held-back tail: (tail content to show, tool-call deltas not yet
+        streamed)."""
         if c.finish_reason is None:
             c.finish_reason = "stop"
-        rest = c.text.text[c.text.sent:]
+        sent = c.text.sent
+        rest = c.text.text[sent:]
         c.text.sent = len(c.text.text)
+        owed: list[dict[str, Any]] = []
         if self.use_tools:
-            rest_content, calls = parse_tool_calls(rest)
+            rest_content, calls, owed = c.calls.finish(rest, offset=sent)
             if calls:
                 c.tool_calls = calls
-                c.finish_reason = "tool_calls"
-                rest = rest_content or ""
-        full_content, _ = parse_tool_calls(c.text.text) if c.tool_calls else (c.text.text, [])
-        c.content = full_content if (full_content or not c.tool_calls) else None
-        return rest
+                if c.finish_reason != "length":
+                    c.finish_reason = "tool_calls"
+                rest = rest_content.strip()
+                full = (c.text.text[:sent] + rest_content).strip()
+                c.content = full or None
+                return rest, owed
+        c.content = c.text.text
+        return rest, owed
 
-    async def run_choice(self, c: _Choice, on_delta: Callable[[_Choice, str, int], Any] | None = None) -> None:
+    def tool_deltas(self, c: _Choice) -> list[dict[str, Any]]:
+        """Tool-call deltas ready to stream (arguments as they are generated)."""
+        return c.calls.feed(c.text.text) if self.use_tools and c.text.in_tool else []
+
+    async def run_choice(self, c: _Choice, on_delta: Callable[..., Any] | None = None) -> None:
         n_before = 0
         agen = self.gw.engine.generate(GenerationRequest(self.prompt_ids, self.params[c.index], self.rid,
                                                          session_id=self.sid))
@@ -411,7 +442,7 @@ class _Ctx:
             async for ev in agen:
                 delta = self.on_event(c, ev)
                 if on_delta is not None and (delta or len(c.ids) > n_before):
-                    await on_delta(c, delta, n_before)
+                    await on_delta(c, delta, n_before, self.tool_deltas(c))
                     n_before = len(c.ids)
                 if c.text.stopped:
                     break
@@ -437,11 +468,33 @@ class _Ctx:
                 response_versions=list(c.versions) if mixed else None,
                 trainable=self.turn_type == TURN_MAIN and not aborted,
                 tenant=self.tenant,
-                sampling={"temperature": self.req.temperature, "top_p": self.req.top_p,
-                          "seed": self.params[c.index].seed, "logprobs": "raw"},
+                sampling=self.sampling_record(c.index),
                 request_id=self.rid, choice_index=c.index,
             ))
         self.gw.capture.finish(self.slot, turns)
+
+    def sampling_record(self, index: int) -> dict[str, Any]:
+        """How choice `index` was sampled, for the trainer: `logprobs` "raw" (the model at temperature 1)
+        or "constrained" (renormalised over the ids a grammar allowed; `constraint` says which: the
+        response format and/or the tool choice). Penalties and logit bias shaped sampling only."""
+        p, req = self.params[index], self.req
+        rec: dict[str, Any] = {"temperature": req.temperature, "top_p": req.top_p, "seed": p.seed,
+                               "logprobs": "constrained" if p.constraint is not None else "raw"}
+        if p.constraint is not None:
+            rec["constraint"] = {"response_format": req.response_format["type"] if req.response_format else None,
+                                 "tool_choice": (req.tool_choice if self.use_tools and
+                                                 self.gw.cfg.serve.constrain_tool_calls else None),
+                                 "parallel_tool_calls": req.parallel_tool_calls}
+        for key in ("presence_penalty", "frequency_penalty"):
+            if getattr(p, key):
+                rec[key] = getattr(p, key)
+        if p.logit_bias:
+            rec["logit_bias"] = {str(k): v for k, v in p.logit_bias.items()}
+        client = {k: v for k, v in (("user", req.user), ("metadata", req.metadata),
+                                    ("prompt_cache_key", req.prompt_cache_key)) if v}
+        if client:
+            rec["client"] = client
+        return rec
 
     def abandon(self) -> None:
         if self.slot is not None and not self.captured:
@@ -537,19 +590,22 @@ class _Ctx:
         timer = (asyncio.get_running_loop().call_at(self.deadline, q.put_nowait, _TIMED_OUT)
                  if self.deadline is not None else None)
         try:
-            async def on_delta(c: _Choice, delta: str, start: int) -> None:
-                await q.put(self._delta_chunk(c, {"content": delta} if delta else {}, start, len(c.ids)))
+            async def on_delta(c: _Choice, delta: str, start: int, calls: list[dict[str, Any]]) -> None:
+                d: dict[str, Any] = {"content": delta} if delta else {}
+                if calls:
+                    d["tool_calls"] = calls
+                await q.put(self._delta_chunk(c, d, start, len(c.ids)))
 
             async def run(c: _Choice) -> None:
                 try:
                     await self.run_choice(c, on_delta)
                     start = len(c.ids)
-                    tail = self.finalize(c)
+                    tail, owed = self.finalize(c)
                     delta: dict[str, Any] = {}
                     if tail:
                         delta["content"] = tail
-                    if c.tool_calls:
-                        delta["tool_calls"] = [{"index": k, **tc} for k, tc in enumerate(c.tool_calls)]
+                    if owed:
+                        delta["tool_calls"] = owed
                     if delta:
                         await q.put(self._delta_chunk(c, delta, start, start))
                     await q.put(None)
