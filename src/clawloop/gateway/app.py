@@ -764,6 +764,37 @@ def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: lis
     async def chat_completions(request: Request) -> Response:
         return await gw.chat(request)
 
+    # Legacy completions and the Responses API (their own modules; they import this one).
+    from clawloop.gateway.completions import serve_completions
+    from clawloop.gateway.responses import ResponsesAPI
+
+    responses_api = ResponsesAPI(gw)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve_completions(gw, request)
+
+    @app.post("/v1/responses")
+    async def responses_create(request: Request) -> Response:
+        return await responses_api.create(request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def responses_get(request: Request, response_id: str) -> Response:
+        return await responses_api.retrieve(request, response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def responses_delete(request: Request, response_id: str) -> Response:
+        return await responses_api.delete(request, response_id)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> JSONResponse:
+        gw.check_auth(request)
+        if model_id != cfg.serve.served_model_name:
+            raise APIError(404, f"The model '{model_id}' does not exist.", param="model", code="model_not_found",
+                           type="invalid_request_error")
+        return JSONResponse({"id": model_id, "object": "model", "created": int(gw.started_at),
+                             "owned_by": "clawloop", "policy_version": engine.policy_version})
+
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         gw.check_auth(request)
