@@ -60,8 +60,24 @@ def test_uneven_groups_use_their_own_means():
     assert [adv_of(x) for x in s] == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.5, -0.5, 0.0, 0.0])
     assert src.stats["buffer/degenerate_groups"] == 1
     std = BufferSource("http://unused", std_normalize=True).to_samples(items[:3])
-    sd = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 3)
+    sd = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)  # the unbiased (n - 1) std, as in the trainer
     assert [adv_of(x) for x in std] == pytest.approx([(2 / 3) / sd, -(1 / 3) / sd, -(1 / 3) / sd], rel=1e-4)
+
+
+def test_group_advantages_are_the_trainers_group_normalize():
+    """One rule for group advantages: the buffer's are losses.advantages.group_normalize's, exactly,
+    float rewards included (0.3 stays 0.3, never its sign)."""
+    import torch
+
+    from clawloop.losses import group_normalize
+
+    rewards = [0.3, 0.9, 0.0, 0.45]
+    for std_normalize in (False, True):
+        s = BufferSource("http://unused", std_normalize=std_normalize).to_samples(
+            [tok_item("g", r, k) for k, r in enumerate(rewards)])
+        want, _ = group_normalize(torch.tensor(rewards), [0] * 4, std_normalize=std_normalize)
+        assert [adv_of(x) for x in s] == want.tolist()
+        assert [x.reward for x in s] == rewards
 
 
 def test_pad_copies_are_dropped_and_raw_rewards_used():

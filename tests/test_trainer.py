@@ -337,7 +337,7 @@ class ListSource:
     def __init__(self, samples):
         self.samples = list(samples)
 
-    def pull(self):
+    def pull(self, batch_size=None):
         out, self.samples = self.samples, []
         return out
 

@@ -73,9 +73,12 @@ def cmd_train(argv: list[str]) -> int:
     from clawloop.trainer.service import run_trainer_service
 
     p = _parser("train", "Run the trainer on a store (or a rollout buffer with --source buffer).")
-    p.add_argument("--steps", type=int, default=0, help="Stop after this many steps (0: run until interrupted).")
-    cfg, own = _config(p, argv, ("steps",))
-    return run_trainer_service(cfg, max_steps=own["steps"])
+    p.add_argument("--steps", type=int, default=0,
+                   help="Stop after this many steps of this run (0: run until interrupted).")
+    p.add_argument("--exit-when-idle", action="store_true",
+                   help="Stop (with a checkpoint) once the source has too little left for a batch.")
+    cfg, own = _config(p, argv, ("steps", "exit_when_idle"))
+    return run_trainer_service(cfg, max_steps=own["steps"], exit_when_idle=own["exit_when_idle"])
 
 
 def cmd_buffer(argv: list[str]) -> int:

@@ -143,14 +143,19 @@ class JudgeConfig:
 @dataclass
 class TrainConfig:
     enabled: bool = opt(True, "Run the trainer in `clawloop up`.")
-    method: str = opt("combine", "Objective.", flags=("--method",), choices=("binary", "opd", "combine"))
+    method: str = opt("combine", "Objective: binary (judge score as advantage), opd (hint-conditioned teacher; "
+                      "token-level advantage, or top-K reverse KL with --distill-topk), combine (both).",
+                      flags=("--method",), choices=("binary", "opd", "combine"))
     source: str = opt("store", "Where samples come from.", choices=("store", "buffer"))
     buffer_url: str = opt("", "Rollout buffer URL for --source buffer.", flags=("--buffer-url",))
     rollout_batch_size: int = opt(8, "Samples with a non-zero signal per train step.",
                                   flags=("--rollout-batch-size",))
     n_samples_per_prompt: int = opt(1, "Group size for rollout-buffer tasks.",
                                     flags=("--num-rollouts-per-prompt",))
-    micro_batch_tokens: int = opt(4096, "Token budget of one micro-batch.")
+    micro_batch_tokens: int = opt(4096, "Token budget of one micro-batch (training and teacher forwards).")
+    num_steps_per_rollout: int = opt(1, "Optimizer updates per batch, as in slime: the batch is cut into N "
+                                        "mini-batches, old logprobs are taken before the first update, so the PPO "
+                                        "clip acts from the second update on.", flags=("--num-steps-per-rollout",))
     lr: float = opt(1e-5, "AdamW learning rate.", flags=("--lr",))
     weight_decay: float = opt(0.0, "AdamW weight decay.", flags=("--weight-decay",))
     adam_beta1: float = opt(0.9, "AdamW beta1.", flags=("--adam-beta1",))
@@ -159,17 +164,34 @@ class TrainConfig:
     eps_clip: float = opt(0.2, "PPO clip below 1.", flags=("--eps-clip",))
     eps_clip_high: float = opt(0.28, "PPO clip above 1.", flags=("--eps-clip-high",))
     dual_clip: float = opt(0.0, "Dual-clip constant c > 1 (0: off).", flags=("--eps-clip-c",))
-    loss_agg: str = opt("token-mean", "Loss aggregation.",
+    loss_agg: str = opt("token-mean", "Loss aggregation over a step's tokens.", flags=("--loss-agg",),
                         choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "fixed-denominator"))
-    w_rl: float = opt(1.0, "Combine: weight of the judge score.")
-    w_opd: float = opt(1.0, "Combine: weight of the teacher-minus-old advantage.")
-    teacher: str = opt("frozen", "OPD teacher: frozen base model, the live policy, or an external engine URL.")
+    fixed_denominator_tokens: int = opt(256, "--loss-agg fixed-denominator: the step's loss is divided by samples x "
+                                             "this (Dr. GRPO: the longest response allowed), not by its token count.",
+                                        flags=("--fixed-denominator-tokens",))
+    w_rl: float = opt(1.0, "Weight of the RL term (the score, or a rollout group's advantage).")
+    w_opd: float = opt(1.0, "Weight of the OPD term (teacher - old advantage, or the top-K KL).")
+    teacher: str = opt("frozen", "OPD teacher, given the hinted prompt: frozen (the base weights; under LoRA the "
+                       "adapter switched off), policy (the live policy), model (--teacher-model).",
+                       flags=("--teacher",), choices=("frozen", "policy", "model"))
+    teacher_model: str = opt("", "OPD teacher that is another model (HF folder, e.g. the judge's); it must share the "
+                             "policy's tokenizer. Sets --teacher model.", flags=("--teacher-model",))
+    opd_clip: float = opt(0.0, "OPD: bound |teacher - old| logprob per token before it becomes an advantage (0: off).",
+                          flags=("--opd-clip",))
+    distill_topk: int = opt(0, "OPD as top-K distillation: reverse KL to the teacher's K most likely tokens plus a "
+                            "tail bin, instead of the token-level advantage (0: off).", flags=("--distill-topk",))
+    hint_selection: str = opt("longest", "Which of a turn's hints the teacher sees: longest, or overlap (the one whose "
+                              "teacher distribution puts the most mass on the student's top-K tokens).",
+                              flags=("--hint-selection",), choices=("longest", "overlap"))
+    hint_overlap_topk: int = opt(20, "--hint-selection overlap: how many of the student's top tokens are compared.")
     kl_coef: float = opt(0.0, "KL-to-reference coefficient (0: off).", flags=("--kl-coef", "--kl-loss-coef"))
     kl_type: str = opt("low_var_kl", "KL estimator.", flags=("--kl-loss-type",),
                        choices=("k1", "k2", "k3", "low_var_kl"))
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", flags=("--entropy-coef",))
     tis_cap: float = opt(2.0, "Truncated importance sampling cap (0: off).")
-    max_staleness: int = opt(4, "Drop samples more than this many policy versions old.", flags=("--max-staleness",))
+    max_staleness: int = opt(4, "Mask response tokens more than this many policy versions older than the served one "
+                             "(`clawloop train` without an engine: the newest version in its data).",
+                             flags=("--max-staleness",))
     use_lora: bool = opt(False, "Train a LoRA adapter instead of all weights.", flags=("--use-lora",))
     lora_rank: int = opt(16, "LoRA rank.", flags=("--lora-rank",))
     lora_alpha: int = opt(32, "LoRA alpha.", flags=("--lora-alpha",))
@@ -443,6 +465,8 @@ def load_config(flag_values: dict[str, Any] | None = None, *, config_file: str |
     apply_namespace(cfg, flag_values, "command line")
     if cfg.judge.url and cfg.judge.kind == "offline":
         cfg.judge.kind = "url"
+    if cfg.train.teacher_model and cfg.train.teacher == "frozen":  # the default: --teacher-model alone says it
+        cfg.train.teacher = "model"
     validate(cfg)
     return cfg
 
@@ -465,6 +489,7 @@ def validate(cfg: Config) -> None:
     need(cfg.train.dual_clip == 0 or cfg.train.dual_clip > 1, "train.dual_clip", "must be 0 (off) or > 1")
     need(cfg.train.source != "buffer" or bool(cfg.train.buffer_url), "train.buffer_url",
          "--source buffer needs --buffer-url")
+    validate_train(cfg.train, need)
     need(0.0 <= cfg.buffer.min_group_ratio <= 1.0, "buffer.min_group_ratio", "must be in [0, 1]")
     need(cfg.serve.max_body_bytes > 0, "serve.max_body_bytes", "must be > 0")
     need(cfg.serve.max_concurrent_generations >= 1, "serve.max_concurrent_generations", "must be >= 1")
@@ -484,6 +509,23 @@ def validate(cfg: Config) -> None:
          f"must be auto, cpu, cuda or cuda:N, got {dev!r}")
     for key, ids in (("train.train_gpus", cfg.train.train_gpus), ("train.rollout_gpus", cfg.train.rollout_gpus)):
         need(all(str(i).isdigit() for i in ids), key, f"must be GPU ids like 0,1,2, got {','.join(map(str, ids))!r}")
+
+
+def validate_train(t: TrainConfig, need: Any) -> None:
+    """The train section's cross-field rules; `need(ok, key, why)` raises a ConfigError naming the key."""
+    need(t.micro_batch_tokens >= 1, "train.micro_batch_tokens", "must be >= 1")
+    need(t.num_steps_per_rollout >= 1, "train.num_steps_per_rollout", "must be >= 1")
+    need(t.fixed_denominator_tokens >= 1, "train.fixed_denominator_tokens", "must be >= 1")
+    need(t.max_staleness >= 0, "train.max_staleness", "must be >= 0")
+    need(t.opd_clip >= 0, "train.opd_clip", "must be >= 0 (0: off)")
+    need(t.distill_topk >= 0, "train.distill_topk", "must be >= 0 (0: off)")
+    need(t.distill_topk == 0 or t.method in ("opd", "combine"), "train.distill_topk",
+         f"top-K distillation is the OPD term: it needs --method opd or combine, not {t.method}")
+    need(t.hint_overlap_topk >= 1, "train.hint_overlap_topk", "must be >= 1")
+    need(t.tis_cap >= 0, "train.tis_cap", "must be >= 0 (0: off)")
+    need(t.teacher != "model" or bool(t.teacher_model), "train.teacher_model", "--teacher model needs --teacher-model PATH")
+    need(not t.teacher_model or t.teacher == "model", "train.teacher",
+         f"--teacher-model is given, but --teacher is {t.teacher!r}; drop one of them")
 
 
 DEFAULT_TENANT = "default"

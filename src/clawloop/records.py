@@ -76,6 +76,9 @@ class Judgement:
     """Individual votes; None for a malformed vote."""
     hint: str | None = None
     """For on-policy distillation: what the assistant should have done."""
+    hint_candidates: list[str] | None = None
+    """Every usable hint the votes produced, `hint` among them (the trainer's `--hint-selection overlap`
+    picks one); None: `hint` is the only one."""
     judge: str = "offline"
     """Name of the judge configuration; a turn is judged once per name."""
     latency_s: float = 0.0
@@ -107,12 +110,15 @@ class Sample:
     """Engine logprobs aligned with tokens (0.0 where loss_mask is 0)."""
     prompt_len: int
     reward: float | None = None
-    """Scalar score (Binary RL); None when the sample has no usable score."""
+    """Scalar score (Binary RL), any finite float (a judge's +1 / -1, a custom reward's 0.3); None when the
+    sample has no usable score."""
     advantages: list[float] | None = None
     """Optional per-token advantages, aligned with tokens."""
     teacher_logprobs: list[float] | None = None
     """OPD teacher logprobs of the sampled tokens, aligned with tokens."""
     hint: str | None = None
+    hint_candidates: list[str] | None = None
+    """Hints to choose from (`Judgement.hint_candidates`); None: `hint` is the only one."""
     policy_version: int = 0
     """The OLDEST version among the response tokens (what the staleness histogram counts)."""
     sampling: dict[str, Any] | None = None
@@ -162,6 +168,7 @@ class Sample:
             prompt_len=n_prompt,
             reward=judgement.value if judgement is not None else None,
             hint=judgement.hint if judgement is not None else None,
+            hint_candidates=judgement.hint_candidates if judgement is not None else None,
             policy_version=oldest,
             rollout_versions=versions,
             sampling=turn.sampling,

@@ -18,8 +18,10 @@ rollout logprobs are all 0.0, which the trainer reads as "no engine logprobs"
 Advantages (`advantages="group"`, the default): per group (instance_id), the
 pad copies the buffer added are dropped (`pad_copy`, or a repeated `uid`), and
 each item gets raw reward - group mean, divided by the group std when
-`std_normalize` (population std; a degenerate group gets exactly 0). Groups
-may have any size: the mean is over the items the group really has.
+`std_normalize`: exactly `losses.advantages.group_normalize`, the trainer's
+own rule (unbiased n - 1 std; a degenerate group gets exactly 0). Groups may
+have any size: the mean is over the items the group really has. Rewards are
+floats and stay floats (a generator's 0.3 is 0.3, never its sign).
 `advantages="buffer"` instead uses each item's `reward` as the buffer's hooks
 left it (normalized and padded, slime's semantics), pad copies included.
 `Sample.reward` is always the raw reward; `Sample.advantages` holds the
@@ -29,12 +31,13 @@ advantage on every response token and 0 on the prompt.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import httpx
+import torch
 
 from clawloop.buffer.hooks import PROMPT_IDS_KEYS, RESPONSE_IDS_KEYS, RESPONSE_LOGPROBS_KEYS, first_key
+from clawloop.losses.advantages import group_normalize
 from clawloop.records import Sample
 
 log = logging.getLogger(__name__)
@@ -122,16 +125,10 @@ class BufferSource:
         return out
 
     def _group_advantages(self, rewards: list[float]) -> list[float]:
-        n = len(rewards)
-        mean = sum(rewards) / n
-        if max(rewards) - min(rewards) <= 0.0:
-            self.stats["buffer/degenerate_groups"] += 1
-            return [0.0] * n
-        adv = [r - mean for r in rewards]
-        if self.std_normalize:
-            std = math.sqrt(sum(a * a for a in adv) / n)
-            adv = [a / (std + self.eps) for a in adv]
-        return adv
+        adv, stats = group_normalize(torch.tensor(rewards, dtype=torch.float32), [0] * len(rewards),
+                                     std_normalize=self.std_normalize, eps=self.eps)  # (n,) one group
+        self.stats["buffer/degenerate_groups"] += int(stats["train/degenerate_groups"])
+        return adv.tolist()
 
     def _sample(self, item: dict[str, Any]) -> tuple[Sample, bool]:
         messages = item.get("messages") or []

@@ -9,7 +9,7 @@
     kl.py          kl_loss, entropy_bonus KL to a reference (k1/k2/k3), entropy; both off by default
     offpolicy.py   tis_weights, behaviour_logprobs, staleness_filter, staleness_token_mask
                    engine/trainer mismatch, sampling at T != 1 / top-p, stale samples
-    aggregation.py aggregate              token-mean, seq-mean-*, fixed denominator
+    aggregation.py aggregate, step_denominator   token-mean, seq-mean-*, fixed denominator
     plugins.py     load_custom_loss       --custom-loss-function-path file.py:fn
 
 Stats keys are namespaced `train/...`. Every function is pure: no state, no
@@ -23,6 +23,7 @@ from clawloop.losses.aggregation import (
     aggregation_denominator,
     masked_max_float,
     masked_mean_float,
+    step_denominator,
 )
 from clawloop.losses.binary import binary_rl_loss
 from clawloop.losses.combine import combine_loss, combined_advantages
@@ -76,6 +77,7 @@ __all__ = [
     "staleness_filter",
     "staleness_histogram",
     "staleness_token_mask",
+    "step_denominator",
     "tis_weights",
     "behaviour_logprobs",
     "topk_distill_loss",

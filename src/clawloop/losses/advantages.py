@@ -1,9 +1,11 @@
 """Advantages for Binary RL: the judge's scalar score on every response token.
 
-A judged turn has one score in {-1, 0, +1}; `binary_rl_advantages` puts that
-score on each of the turn's response tokens (the loss mask). Samples that come
-in groups (n > 1 completions of one prompt, from the rollout buffer) are first
-centred on their group mean by `group_normalize`, GRPO-style.
+A judged turn has one score: {-1, 0, +1} from a voting judge, any finite
+float from a custom reward or a rollout-buffer generator (0.3 stays 0.3, it is
+never reduced to its sign); `binary_rl_advantages` puts that score on each of
+the turn's response tokens (the loss mask). Samples that come in groups (n > 1
+completions of one prompt, from the rollout buffer) are first centred on their
+group mean by `group_normalize`, GRPO-style.
 
 Departures from GRPO as usually implemented:
 - Groups may have UNEQUAL sizes (a group that lost members to filtering, or

@@ -25,7 +25,9 @@ by the denominator of the WHOLE step. The trainer does:
         loss.backward()            # no division by the number of micro-batches
 
 Without `fixed_denominator` each call divides by its own count, which is only
-right when the whole batch is one call.
+right when the whole batch is one call. `step_denominator` does that sum for
+every mode, "fixed-denominator" included (samples x a per-sample constant, so
+the denominator depends on no response's length).
 
 Departures: masked positions are ignored with `torch.where`, so NaN or inf in
 padding never reaches the loss value. (A NaN upstream of `values` can still
@@ -39,6 +41,7 @@ included (data parallelism divides step-wide counts by the world size).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -111,6 +114,21 @@ def aggregation_denominator(mask: torch.Tensor, mode: str) -> int:
     if mode == "fixed-denominator":
         raise ValueError('mode "fixed-denominator" has no per-batch denominator; pass your constant')
     raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
+
+
+def step_denominator(masks: Sequence[torch.Tensor], mode: str, *,
+                     tokens_per_sample: float | int | None = None) -> float:
+    """The denominator of a whole step made of micro-batches with loss masks `masks` (each (B_i, T_i)).
+
+    "fixed-denominator": (rows over all micro-batches) x `tokens_per_sample` (required), Dr. GRPO's
+    constant: every sample weighs as if it had that many tokens, whatever its length. The other
+    modes: the sum of `aggregation_denominator` over the micro-batches.
+    """
+    if mode == "fixed-denominator":
+        if tokens_per_sample is None or tokens_per_sample <= 0:
+            raise ValueError('mode "fixed-denominator" needs tokens_per_sample > 0')
+        return float(sum(int(m.shape[0]) for m in masks) * tokens_per_sample)
+    return float(sum(aggregation_denominator(m, mode) for m in masks))
 
 
 def masked_mean_float(values: torch.Tensor, mask: torch.Tensor) -> float:

@@ -8,11 +8,14 @@ Per valid token, with log r = ref_logprob - logprob on the policy's own sample
     k3          = exp(log r) - 1 - log r            unbiased, always >= 0
     low_var_kl  = k3 (the name verl and slime use)
 
-`kl_loss` returns coef * aggregate(kl); with coef 0 (the default) the loss is
-exactly 0 but the KL is still measured, so `train/kl` is never a blind spot.
+`kl_loss` returns coef * aggregate(kl); with coef 0 the loss is exactly 0 and
+the KL only measured. (The trainer calls it only when `kl_coef > 0`: the
+reference logprobs cost a forward, so `train/kl` is absent at coef 0.)
 
 `entropy_bonus` returns -coef * aggregate(entropy): adding it to the loss
-rewards a spread-out policy. Also 0 by default.
+rewards a spread-out policy. Off by default; with coef 0 the entropy is still
+measured (the trainer reports `train/entropy` on every step: a collapsing
+entropy is a dead learning signal).
 
 Departures: k3 / low_var_kl clamp log r to [-20, 20] and the estimate to
 [-10, 10] (as verl does) so one token the reference finds absurd cannot blow

@@ -42,6 +42,12 @@ def build_loop(cfg: Any, engine: Any, store: Any, *, loop: asyncio.AbstractEvent
     tl.resume()
     if tl.resumed_from is None and engine is not None:
         trainer.version = engine.policy_version  # the next publish is one past what is served (runtime.continue_versions)
+    elif tl.resumed_from is None and store is not None and hasattr(store, "max_policy_version"):
+        # standalone on a store: the weights it writes continue the store's numbering, so a version
+        # names one set of weights per store once `clawloop up --resume-from-checkpoint` serves them
+        top = store.max_policy_version()
+        if top is not None:
+            trainer.version = max(trainer.version, top + 1)
     return tl
 
 

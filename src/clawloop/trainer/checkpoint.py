@@ -7,12 +7,17 @@ model and optimizer, wherever those live (a CUDA run resumes on a CPU box, an
 offloaded optimizer's state stays in CPU memory).
 
     save_dir/
-      step_000012/  model/ (or adapter/), optimizer.pt, trainer_state.json
+      step_000012/  model/ (or adapter/), optimizer.pt, trainer_state.json,
+                    pending_samples.jsonl (rollout-buffer samples read, not yet trained)
       latest        "step_000012"
+
+The cursor saved is the trainer loop's committed one (see `trainer/loop.py`),
+so a resume reads again exactly what was read and not yet trained.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -24,8 +29,11 @@ from typing import Any
 
 import torch
 
+from clawloop.records import Sample
+
 log = logging.getLogger(__name__)
 KEEP = 3
+PENDING = "pending_samples.jsonl"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -39,7 +47,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(trainer: Any, save_dir: str | Path, *, cursor: int, extra: dict | None = None) -> Path:
+def save_checkpoint(trainer: Any, save_dir: str | Path, *, cursor: int, extra: dict | None = None,
+                    pending: list[Sample] | None = None) -> Path:
+    """Write a checkpoint of `trainer` (and the samples still `pending`, when given) atomically."""
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     name = f"step_{trainer.step_count:06d}"
@@ -64,6 +74,10 @@ def save_checkpoint(trainer: Any, save_dir: str | Path, *, cursor: int, extra: d
     if trainer.device.type == "cuda":  # LoRA dropout draws from the device's generator
         state["cuda_rng"] = torch.cuda.get_rng_state(trainer.device).tolist()
     (tmp / "trainer_state.json").write_text(json.dumps(state))
+    if pending:
+        with (tmp / PENDING).open("w") as f:
+            for smp in pending:
+                f.write(json.dumps(dataclasses.asdict(smp)) + "\n")
     _fsync_dir(tmp)
     if final.exists():  # same step saved twice (e.g. interval + shutdown): replace
         shutil.rmtree(final)
@@ -135,6 +149,15 @@ def load_checkpoint(trainer: Any, path: Path) -> dict[str, Any]:
     if "cuda_rng" in state and trainer.device.type == "cuda":
         torch.cuda.set_rng_state(torch.tensor(state["cuda_rng"], dtype=torch.uint8), trainer.device)
     return state
+
+
+def load_pending_samples(path: Path) -> list[Sample]:
+    """The samples a checkpoint says were read and not yet trained ([] when none)."""
+    f = Path(path) / PENDING
+    if not f.exists():
+        return []
+    with f.open() as fh:
+        return [Sample(**json.loads(line)) for line in fh if line.strip()]
 
 
 def weights_fingerprint(sd: dict[str, torch.Tensor]) -> float:

@@ -1,8 +1,10 @@
-"""The trainer: samples in, one optimizer step, new weights out.
+"""The trainer: samples in, one train step (one or more optimizer updates), new weights out.
 
 One code path for full fine-tuning and LoRA: the only difference is which
-parameters the optimizer sees and how the served weights are produced
-(LoRA deltas are merged into a copy, never into the trained modules).
+parameters the optimizer sees, how the served weights are produced (LoRA
+deltas are merged into a copy, never into the trained modules), and where the
+frozen base weights come from (a copy of the model for full fine-tuning; under
+LoRA the same model with its adapter switched off, so no copy is kept).
 
 Placement: `train.device` (auto: cuda when torch sees one) and TRAIN_GPUS pick
 one device (`resolve_train_device`); every tensor of a step lives there. On
@@ -15,23 +17,40 @@ copied back to the device: AdamW's two moments are twice the weights, which is
 what does not fit beside a big model on one GPU. The published weights are
 always CPU tensors.
 
-A step:
-1. remove response tokens more than `max_staleness` versions older than the
-   served policy from the loss mask (per token: an engine that swaps weights
-   mid-response yields samples from two versions) and drop samples with no
-   trainable token left;
-2. cut the batch into micro-batches under a token budget; the aggregation
-   denominator is computed over the whole step, so gradient accumulation equals
-   one big batch;
-3. per micro-batch: forward with grad; old logprobs = these logprobs detached
-   (one update per batch, so PPO's ratio starts at 1 and the clip guards the
-   update); truncated IS weights from old vs the engine's logprobs; advantages
-   from the judge score and/or teacher-minus-old; PPO-clipped loss (+ KL, entropy);
-4. clip gradients, AdamW step.
+A step (`Trainer.step`):
+1. staleness: response tokens more than `max_staleness` versions older than
+   the reference version are removed from the loss mask (per token: an engine
+   that swaps weights mid-response yields samples from two versions), samples
+   with no trainable token left are dropped, counted and warned about. The
+   reference is the version the engine serves; without an engine (`clawloop
+   train`) the caller passes the newest version in its data, never the
+   trainer's own counter, which says nothing about the data;
+2. OPD: each sample's hint is chosen (`hints.py`), the teacher scores the
+   student's sampled response after the hinted prompt (rendered as the turn
+   was: `continue_final_message` when the turn continued an assistant
+   message), in micro-batches under the token budget: the logprob of each
+   sampled token and, with `distill_topk` K, its K most likely tokens;
+3. RL scores: each sample's reward as it is (any float, never its sign),
+   centred per group (`group_normalize`) where samples share a group id;
+   rollout-buffer samples arrive with their advantages already computed;
+4. the batch is cut into `num_steps_per_rollout` mini-batches (slime's
+   meaning), each into micro-batches under the token budget; the aggregation
+   denominator covers a whole mini-batch (`step_denominator`), so gradient
+   accumulation equals one big batch;
+5. old logprobs come from before the first update. With one update they are
+   the forward's own logprobs, detached (the PPO ratio is exactly 1, so the
+   clip cannot act: there is nothing yet to clip); with N updates a no-grad
+   forward over the whole batch comes first, and from the second update on the
+   ratio moves and the clip acts (`train/clip_frac`);
+6. per mini-batch, per micro-batch: forward with grad; TIS weights (old vs the
+   engine's logprobs, per token); advantages (score and/or teacher - old,
+   `opd_clip` bounding the latter); PPO-clipped loss, plus the top-K reverse
+   KL (`distill_topk`), the KL to the base weights (`kl_coef` > 0 only) and
+   the entropy bonus (the entropy is measured on every step); backward. Then
+   clip gradients, one AdamW update.
 
-The OPD teacher sees the same conversation with the judge's hint appended to
-the last user message, and scores the student's *sampled* response tokens:
-the teacher sequence is teacher_prompt_ids + the same response ids.
+Metrics over micro-batches and updates are merged by `metrics.merge_stats`
+(shares of a loss add up, maxima are maxima).
 """
 
 from __future__ import annotations
@@ -43,26 +62,31 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from clawloop.engines.base import LoraAdapter
 from clawloop.losses import (
-    aggregation_denominator,
+    behaviour_logprobs,
     combined_advantages,
     entropy_bonus,
+    entropy_from_logits,
+    group_normalize,
     kl_loss,
     load_custom_loss,
     ppo_clip_loss,
     staleness_histogram,
     staleness_token_mask,
+    step_denominator,
     tis_weights,
-    behaviour_logprobs,
+    topk_distill_loss,
 )
-from clawloop.engines.base import LoraAdapter
 from clawloop.records import Sample
+from clawloop.trainer.hints import hint_candidates, longest_hint, pick_by_overlap, topk_overlap
+from clawloop.trainer.metrics import merge_stats
 
 log = logging.getLogger(__name__)
 
@@ -80,19 +104,58 @@ def teacher_messages(messages: list[dict[str, Any]], hint: str) -> list[dict[str
     return [{"role": "system", "content": "Hint: " + hint}] + msgs
 
 
+def continues_final_message(tokenizer: Any, s: Sample) -> bool:
+    """Whether the sample's prompt was rendered with `continue_final_message` (the client prefilled
+    the start of the assistant's answer). The turn does not record it; its prompt ids tell: only
+    an assistant-last conversation can be one, and then the rendering that gives back the prompt
+    ids decides (if neither does, the continuation: a generation prompt after an assistant
+    message is the rarer request)."""
+    from clawloop.gateway.render import render_prompt
+
+    if not s.messages or s.messages[-1].get("role") != "assistant":
+        return False
+    prompt = list(s.tokens[:s.prompt_len])
+    if render_prompt(tokenizer, s.messages, s.tools, continue_final=True) == prompt:
+        return True
+    return render_prompt(tokenizer, s.messages, s.tools) != prompt
+
+
+@dataclass
+class TeacherSignal:
+    """What the teacher said about one sample's sampled response, given the hinted prompt."""
+
+    logprobs: list[float]
+    """The teacher's logprob of each sampled token, aligned with `Sample.tokens` (0.0 on the prompt)."""
+    topk_ids: torch.Tensor | None = None
+    """(n_response, K) the teacher's K most likely ids at each response position (with distill_topk)."""
+    topk_logprobs: torch.Tensor | None = None
+    """(n_response, K) their logprobs."""
+
+
 @dataclass
 class _Batch:
+    """One micro-batch as tensors; the fields after `top_p` are filled once old logprobs exist."""
+
     tokens: torch.Tensor  # (B, L) right-padded
     attn: torch.Tensor  # (B, L)
     mask: torch.Tensor  # (B, L-1) loss mask on the *predicted* positions
     engine_lp: torch.Tensor  # (B, L-1)
     has_engine_lp: torch.Tensor  # (B,)
-    scores: torch.Tensor  # (B,) nan where no score
+    scores: torch.Tensor  # (B,) RL score after group normalisation, nan where none
+    pre_adv: torch.Tensor  # (B, L-1) precomputed advantages (rollout-buffer groups), 0 where none
+    has_pre: torch.Tensor  # (B,)
     teacher_lp: torch.Tensor | None  # (B, L-1) nan rows where no teacher
-    adv: torch.Tensor | None  # (B, L-1) precomputed advantages (rollout-buffer groups)
+    topk_ids: torch.Tensor | None  # (B, L-1, K)
+    topk_lp: torch.Tensor | None  # (B, L-1, K)
+    has_topk: torch.Tensor  # (B,)
     ref_lp: torch.Tensor | None  # (B, L-1)
     temperature: torch.Tensor  # (B,) sampling temperature (1: the raw distribution)
     top_p: torch.Tensor  # (B,)
+    rows: int = 0
+    old: torch.Tensor | None = None  # (B, L-1) logprobs before the first update
+    is_w: torch.Tensor | None = None  # (B, L-1) TIS weights
+    adv: torch.Tensor | None = None  # (B, L-1)
+    fixed_stats: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def tempered(self) -> torch.Tensor:
@@ -165,6 +228,55 @@ def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abs
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+def budget_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices grouped so that (longest in group) x (group size) <= budget, shortest first; a
+    sequence longer than the budget gets a group of its own."""
+    budget = max(1, int(budget))
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        L = max(longest, lengths[i])
+        if cur and L * (len(cur) + 1) > budget:
+            groups.append(cur)
+            cur, L = [], lengths[i]
+        cur.append(i)
+        longest = L
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def split_even(n: int, parts: int) -> list[list[int]]:
+    """range(n) cut into min(parts, n) contiguous chunks whose sizes differ by at most one."""
+    parts = max(1, min(parts, n))
+    size, extra = divmod(n, parts)
+    out, start = [], 0
+    for k in range(parts):
+        end = start + size + (1 if k < extra else 0)
+        out.append(list(range(start, end)))
+        start = end
+    return out
+
+
+def newest_version(samples: Sequence[Sample]) -> int:
+    """The newest policy version behind any response token of `samples` (0 for none)."""
+    return max((max(s.response_versions, default=s.policy_version) for s in samples), default=0)
+
+
+def _entropy_metric(logits: torch.Tensor, mask: torch.Tensor, chunk: int = 1024) -> float:
+    """Mean entropy over the valid positions of `logits` (B, T, V), without a graph and without a
+    second (B, T, V) tensor: the valid rows are taken `chunk` at a time."""
+    with torch.no_grad():
+        where = mask.bool().nonzero()  # (N, 2)
+        if where.shape[0] == 0:
+            return 0.0
+        total = 0.0
+        for part in where.split(chunk):
+            total += float(entropy_from_logits(logits[part[:, 0], part[:, 1]].float()).sum())  # (c,) summed
+        return total / where.shape[0]
+
+
 def token_logprobs(model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor,
                    want_logits: bool = False, *,
                    autocast_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -179,8 +291,21 @@ def token_logprobs(model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Ten
     return lp, (logits if want_logits else None)
 
 
+def check_teacher_vocab(policy_tokenizer: Any, teacher_tokenizer: Any, path: str) -> None:
+    """A teacher model scores the policy's token ids: a different vocabulary is a ConfigError."""
+    from clawloop.config import ConfigError
+
+    pv, tv = policy_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if pv == tv:
+        return
+    differ = sum(1 for tok, i in pv.items() if tv.get(tok) != i)
+    raise ConfigError(f"train.teacher_model: {path} does not share the policy's tokenizer ({len(tv)} tokens vs "
+                      f"{len(pv)}; {differ} of the policy's tokens are missing or have other ids there). The "
+                      "teacher scores the policy's token ids, so it needs the same vocabulary")
+
+
 class Trainer:
-    """Owns the trained model, the optimizer, the frozen reference/teacher, and
+    """Owns the trained model, the optimizer, the teacher / reference weights, and
     the policy version of the weights it produces."""
 
     def __init__(self, cfg: Any, model_path: str, *, tokenizer: Any = None,
@@ -199,12 +324,23 @@ class Trainer:
         self.autocast_dtype = torch.bfloat16 if self.device.type == "cuda" else None
         torch.manual_seed(t.seed)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_path)
+        self.pad_id = self.tokenizer.pad_token_id or 0
         base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device)
+        self.vocab_size = int(base.get_output_embeddings().weight.shape[0])
         self.use_lora = bool(t.use_lora)
-        needs_frozen = (t.method in ("opd", "combine") and t.teacher == "frozen") or t.kl_coef > 0
+        self.use_rl = t.method in ("binary", "combine")
+        self.use_opd = t.method in ("opd", "combine")
+        self.topk = t.distill_topk if self.use_opd else 0
+        self.token_opd = self.use_opd and self.topk == 0
+        # Frozen base weights for the OPD teacher (--teacher frozen) and the KL reference: under LoRA the
+        # model with its adapter switched off is exactly that, so only full fine-tuning keeps a copy.
+        needs_frozen = (self.use_opd and t.teacher == "frozen") or t.kl_coef > 0
         self.frozen = None
-        if needs_frozen:
+        if needs_frozen and not self.use_lora:
             self.frozen = copy.deepcopy(base).eval().requires_grad_(False)
+        self.teacher_model = None
+        if self.use_opd and t.teacher == "model":
+            self.teacher_model = self._load_teacher_model(t.teacher_model)
         if self.use_lora:
             from peft import LoraConfig, get_peft_model
 
@@ -237,6 +373,25 @@ class Trainer:
         self.version = 0
         self.tokens_trained = 0
         self.last: dict[str, float] = {}
+
+    def _load_teacher_model(self, path: str) -> torch.nn.Module:
+        """--teacher-model: another model, frozen, on the trainer's device; same vocabulary or a ConfigError."""
+        from pathlib import Path
+
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from clawloop.config import ConfigError
+
+        if not Path(path).is_dir():
+            raise ConfigError(f"train.teacher_model: {path!r} is not a model folder")
+        check_teacher_vocab(self.tokenizer, AutoTokenizer.from_pretrained(path), path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device)
+        if int(model.get_output_embeddings().weight.shape[0]) < len(self.tokenizer):
+            raise ConfigError(f"train.teacher_model: {path} has {model.get_output_embeddings().weight.shape[0]} "
+                              f"output rows for a {len(self.tokenizer)}-token vocabulary")
+        log.info("OPD teacher: %s", path)
+        return model.eval().requires_grad_(False)
+
 
     # -- weights ---------------------------------------------------------------
     def served_state_dict(self) -> dict[str, torch.Tensor]:
@@ -314,77 +469,197 @@ class Trainer:
                 p.grad = None
         return grad_norm
 
-    # -- samples ---------------------------------------------------------------
-    def teacher_logprobs_for(self, samples: list[Sample]) -> list[list[float] | None]:
-        """Teacher logprobs of each sample's response tokens (aligned with tokens), None without a hint."""
+    # -- frozen weights, teacher ----------------------------------------------
+    @contextlib.contextmanager
+    def frozen_model(self) -> Iterator[torch.nn.Module]:
+        """The base weights: the frozen copy, or under LoRA the model with its adapter switched off."""
+        if self.use_lora:
+            with self.model.disable_adapter():
+                yield self.model
+        elif self.frozen is not None:
+            yield self.frozen
+        else:
+            raise RuntimeError("frozen_model: this trainer keeps no frozen copy (no frozen teacher, kl_coef 0)")
+
+    @contextlib.contextmanager
+    def teacher(self) -> Iterator[torch.nn.Module]:
+        """The OPD teacher (`train.teacher`): frozen base weights, the live policy, or --teacher-model."""
+        if self.tc.teacher == "model":
+            yield self.teacher_model
+        elif self.tc.teacher == "policy":
+            yield self.model
+        else:
+            with self.frozen_model() as m:
+                yield m
+
+    def teacher_prompt_ids(self, s: Sample, hint: str) -> list[int]:
+        """The teacher's prompt: the sample's conversation with the hint, rendered as the turn was."""
         from clawloop.gateway.render import render_prompt
 
-        teacher = self.frozen if self.tc.teacher == "frozen" else self.model
-        rows, idx = [], []
-        for i, s in enumerate(samples):
-            if not s.hint or not s.messages:
-                continue
-            tp = render_prompt(self.tokenizer, teacher_messages(s.messages, s.hint), s.tools)
-            rows.append((tp, s.response_ids))
-            idx.append(i)
-        out: list[list[float] | None] = [None] * len(samples)
+        return render_prompt(self.tokenizer, teacher_messages(s.messages or [], hint), s.tools,
+                             continue_final=continues_final_message(self.tokenizer, s))
+
+    def score_responses(self, model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], *, topk: int = 0,
+                        probe: list[torch.Tensor] | None = None) -> list[dict[str, torch.Tensor]]:
+        """Run `model` (no grad, eval mode) over prompt + response rows, in micro-batches under the
+        token budget. Per row, on the response positions: "lp" (n,) the logprob of each response id;
+        with `topk`, "topk_ids" / "topk_lp" (n, K); with `probe[i]` (n, K') ids, "probe_lp" (n, K')
+        their logprobs. CPU tensors. Every prompt must have at least one token."""
+        out: list[dict[str, torch.Tensor]] = [{} for _ in rows]
         if not rows:
             return out
-        with torch.no_grad():
-            seqs = [tp + list(r) for tp, r in rows]
-            tokens = _pad(seqs, self.tokenizer.pad_token_id or 0, torch.long, self.device)  # (B, L)
-            attn = _pad([[1] * len(x) for x in seqs], 0, torch.long, self.device)  # (B, L)
-            was = teacher.training
-            teacher.eval()
-            lp, _ = token_logprobs(teacher, tokens, attn, autocast_dtype=self.autocast_dtype)  # (B, L-1)
-            teacher.train(was)
-        for j, (tp, resp) in enumerate(rows):
-            s = samples[idx[j]]
-            n = len(resp)
-            resp_lp = lp[j, len(tp) - 1: len(tp) - 1 + n].tolist()
-            out[idx[j]] = [0.0] * s.prompt_len + resp_lp
+        seqs = [list(p) + list(r) for p, r in rows]
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                for group in budget_groups([len(x) for x in seqs], self.tc.micro_batch_tokens):
+                    tokens = _pad([seqs[i] for i in group], self.pad_id, torch.long, self.device)  # (B, L)
+                    attn = _pad([[1] * len(seqs[i]) for i in group], 0, torch.long, self.device)  # (B, L)
+                    with _autocast(self.device, self.autocast_dtype):
+                        logits = model(input_ids=tokens, attention_mask=attn, use_cache=False).logits  # (B, L, V')
+                    for j, i in enumerate(group):
+                        prompt, resp = rows[i]
+                        a, n = len(prompt) - 1, len(resp)
+                        # a teacher with padded extra output rows: the policy's vocabulary only
+                        logp = torch.log_softmax(logits[j, a:a + n, :self.vocab_size].float(), dim=-1)  # (n, V)
+                        ids = torch.tensor(resp, dtype=torch.long, device=self.device)  # (n,)
+                        out[i]["lp"] = logp.gather(-1, ids[:, None]).squeeze(-1).cpu()  # (n,)
+                        if topk:
+                            v, ix = logp.topk(min(topk, logp.shape[-1]), dim=-1)  # (n, K)
+                            out[i]["topk_lp"], out[i]["topk_ids"] = v.cpu(), ix.cpu()
+                        if probe is not None:
+                            out[i]["probe_lp"] = logp.gather(-1, probe[i].to(self.device)).cpu()  # (n, K')
+        finally:
+            model.train(was)
         return out
 
-    def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        budget = max(1, self.tc.micro_batch_tokens)
-        batches, cur, longest = [], [], 0
-        for s in sorted(samples, key=lambda s: len(s.tokens)):
-            L = max(longest, len(s.tokens))
-            if cur and L * (len(cur) + 1) > budget:
-                batches.append(cur)
-                cur, L = [], len(s.tokens)
-            cur.append(s)
-            longest = L
-        if cur:
-            batches.append(cur)
-        return batches
+    def choose_hints(self, samples: list[Sample]) -> tuple[list[str | None], dict[str, float]]:
+        """The hint each sample's teacher sees (`train.hint_selection`, see hints.py) and stats."""
+        cands = [hint_candidates(s) if s.messages and s.prompt_len > 0 else [] for s in samples]
+        hints = [longest_hint(c) for c in cands]
+        multi = [i for i, c in enumerate(cands) if len(c) > 1]
+        stats = {"train/hint_multi_candidate_samples": float(len(multi))}
+        if self.tc.hint_selection != "overlap" or not multi:
+            return hints, stats
+        student = self.score_responses(self.model, [(samples[i].tokens[:samples[i].prompt_len],
+                                                     samples[i].response_ids) for i in multi],
+                                       topk=self.tc.hint_overlap_topk)
+        rows, probes, owner = [], [], []
+        for j, i in enumerate(multi):
+            for h in cands[i]:
+                rows.append((self.teacher_prompt_ids(samples[i], h), samples[i].response_ids))
+                probes.append(student[j]["topk_ids"])
+                owner.append(i)
+        with self.teacher() as teacher:
+            scored = self.score_responses(teacher, rows, probe=probes)
+        overlaps: dict[int, list[float]] = {}
+        for i, r in zip(owner, scored):
+            overlaps.setdefault(i, []).append(topk_overlap(r["probe_lp"]))
+        chosen, changed = [], 0
+        for i in multi:
+            k = pick_by_overlap(cands[i], overlaps[i])
+            changed += cands[i][k] != hints[i]
+            hints[i] = cands[i][k]
+            chosen.append(overlaps[i][k])
+        stats["train/hint_overlap"] = sum(chosen) / len(chosen)
+        stats["train/hint_not_longest_frac"] = changed / len(multi)
+        return hints, stats
 
-    def _tensorize(self, samples: list[Sample], teacher: list[list[float] | None] | None,
+    def teacher_signals(self, samples: list[Sample], hints: list[str | None]) -> list[TeacherSignal | None]:
+        """The teacher's view of each sample with a hint (None without one): per-token logprobs, and
+        the top-K per response position with `distill_topk`. A sample that arrives with its own
+        `teacher_logprobs` (scored elsewhere) keeps them for the token-level advantage."""
+        idx = [i for i, h in enumerate(hints)
+               if h and samples[i].prompt_len > 0 and not (self.token_opd and samples[i].teacher_logprobs)]
+        rows = [(self.teacher_prompt_ids(samples[i], hints[i]), samples[i].response_ids) for i in idx]
+        with self.teacher() as teacher:
+            scored = self.score_responses(teacher, rows, topk=self.topk)
+        out: list[TeacherSignal | None] = [None] * len(samples)
+        if self.token_opd:
+            for i, s in enumerate(samples):
+                if s.teacher_logprobs and len(s.teacher_logprobs) == len(s.tokens):
+                    out[i] = TeacherSignal(list(s.teacher_logprobs))
+        for i, r in zip(idx, scored):
+            out[i] = TeacherSignal([0.0] * samples[i].prompt_len + r["lp"].tolist(),
+                                   r.get("topk_ids"), r.get("topk_lp"))
+        return out
+
+    def teacher_logprobs_for(self, samples: list[Sample]) -> list[list[float] | None]:
+        """Teacher logprobs of each sample's response tokens (aligned with tokens), None without a hint."""
+        hints, _ = self.choose_hints(samples)
+        return [None if sig is None else sig.logprobs for sig in self.teacher_signals(samples, hints)]
+
+    # -- samples ---------------------------------------------------------------
+    def rl_scores(self, samples: list[Sample]) -> tuple[list[float], dict[str, float]]:
+        """Each sample's RL score: its reward as it is (any finite float), centred per group where samples
+        share a `group_id` (GRPO; groups of any size); nan where there is none or the sample brings its own
+        advantages."""
+        idx = [i for i, s in enumerate(samples)
+               if s.advantages is None and s.reward is not None and math.isfinite(float(s.reward))]
+        out = [float("nan")] * len(samples)
+        if not idx:
+            return out, {}
+        rewards = torch.tensor([float(samples[i].reward) for i in idx], dtype=torch.float32)  # (n,)
+        normed, stats = group_normalize(rewards, [samples[i].group_id for i in idx])
+        for i, v in zip(idx, normed.tolist()):
+            out[i] = v
+        if not stats["train/groups"]:  # no groups: nothing was normalised, the group stats say nothing
+            stats = {}
+        stats["train/score_mean"] = float(rewards.mean())
+        return out, stats
+
+    def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
+        return [[samples[i] for i in g] for g in budget_groups([len(s.tokens) for s in samples],
+                                                                self.tc.micro_batch_tokens)]
+
+    def _tensorize(self, samples: list[Sample], teacher: list[TeacherSignal | None], scores: list[float],
                    ref: bool) -> _Batch:
-        pad = self.tokenizer.pad_token_id or 0
         dev = self.device
-        tokens = _pad([s.tokens for s in samples], pad, torch.long, dev)  # (B, L)
+        B = len(samples)
+        tokens = _pad([s.tokens for s in samples], self.pad_id, torch.long, dev)  # (B, L)
+        L = tokens.shape[1]
         attn = _pad([[1] * len(s.tokens) for s in samples], 0, torch.long, dev)  # (B, L)
         mask = _pad([s.loss_mask[1:] for s in samples], 0, torch.long, dev)  # (B, L-1)
         has_engine = torch.tensor([any(x != 0.0 for x in s.rollout_logprobs) for s in samples], device=dev)  # (B,)
         engine_lp = _pad([s.rollout_logprobs[1:] for s in samples], 0.0, torch.float32, dev)  # (B, L-1)
-        scores = torch.tensor([float("nan") if s.reward is None else float(s.reward) for s in samples],
-                              device=dev)  # (B,)
-        tl = None
-        if teacher is not None and any(t is not None for t in teacher):
-            tl = _pad([(t[1:] if t is not None else [float("nan")] * (len(s.tokens) - 1))
-                       for s, t in zip(samples, teacher)], float("nan"), torch.float32, dev)  # (B, L-1)
-        adv = None
-        if any(s.advantages is not None for s in samples):
-            adv = _pad([(s.advantages[1:] if s.advantages is not None else [0.0] * (len(s.tokens) - 1))
+        score_t = torch.tensor(scores, dtype=torch.float32, device=dev)  # (B,)
+        has_pre = torch.tensor([s.advantages is not None for s in samples], device=dev)  # (B,)
+        pre_adv = _pad([(s.advantages[1:] if s.advantages is not None else [0.0] * (len(s.tokens) - 1))
                         for s in samples], 0.0, torch.float32, dev)  # (B, L-1)
+        tl = None
+        if any(t is not None for t in teacher):
+            tl = _pad([(t.logprobs[1:] if t is not None else [float("nan")] * (len(s.tokens) - 1))
+                       for s, t in zip(samples, teacher)], float("nan"), torch.float32, dev)  # (B, L-1)
+        topk_ids = topk_lp = None
+        has_topk = torch.tensor([t is not None and t.topk_ids is not None for t in teacher], device=dev)  # (B,)
+        if bool(has_topk.any()):
+            K = next(t.topk_ids.shape[-1] for t in teacher if t is not None and t.topk_ids is not None)
+            topk_ids = torch.zeros((B, L - 1, K), dtype=torch.long, device=dev)  # (B, L-1, K)
+            topk_lp = torch.full((B, L - 1, K), -math.log(K + 1), dtype=torch.float32, device=dev)  # (B, L-1, K)
+            for b, (s, t) in enumerate(zip(samples, teacher)):
+                if t is not None and t.topk_ids is not None:
+                    a, n = s.prompt_len - 1, t.topk_ids.shape[0]  # position a predicts the first response token
+                    topk_ids[b, a:a + n] = t.topk_ids.to(dev)
+                    topk_lp[b, a:a + n] = t.topk_logprobs.to(dev)
         ref_lp = None
-        if ref and self.frozen is not None:
-            with torch.no_grad():
-                ref_lp, _ = token_logprobs(self.frozen, tokens, attn, autocast_dtype=self.autocast_dtype)
+        if ref:
+            with self.frozen_model() as base:
+                ref_lp, _ = self._eval_logprobs(base, tokens, attn)  # (B, L-1)
         temps = torch.tensor([_sampling(s, "temperature") for s in samples], device=dev)  # (B,)
         top_p = torch.tensor([_sampling(s, "top_p") for s in samples], device=dev)  # (B,)
-        return _Batch(tokens, attn, mask, engine_lp, has_engine, scores, tl, adv, ref_lp, temps, top_p)
+        return _Batch(tokens, attn, mask, engine_lp, has_engine, score_t, pre_adv, has_pre, tl, topk_ids, topk_lp,
+                      has_topk, ref_lp, temps, top_p, rows=B)
+
+    def _eval_logprobs(self, model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor,
+                       want_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return token_logprobs(model, tokens, attn, want_logits, autocast_dtype=self.autocast_dtype)
+        finally:
+            model.train(was)
 
     def _mask_stale_tokens(self, samples: list[Sample], current: int) -> tuple[list[Sample], int, int]:
         """The staleness bound per token: (samples with stale response tokens taken out of their loss
@@ -404,95 +679,158 @@ class Trainer:
                 out.append(dataclasses.replace(s, loss_mask=keep.long().tolist()))
         return out, masked, dropped
 
+    # -- old logprobs, advantages, loss -----------------------------------------
+    def _set_old(self, b: _Batch, old: torch.Tensor, logits: torch.Tensor | None, use_pg: bool) -> None:
+        """Fill the batch's old logprobs (B, L-1), TIS weights and advantages: what every update reuses."""
+        t = self.tc
+        old = old.detach()
+        behaviour = torch.where(b.has_engine_lp[:, None], b.engine_lp, old)  # (B, L-1)
+        if bool(b.tempered.any()):
+            # Sampled at T != 1 / top-p < 1: the behaviour logprob is the tempered, truncated one.
+            # The trainer's logits stand in for the engine's; the engine/trainer drift measured on
+            # the raw distribution (engine - old) is carried over, so with T = 1 this is exact.
+            with torch.no_grad():
+                lq = behaviour_logprobs(logits.detach(), b.tokens[:, 1:], b.temperature, b.top_p)  # (B, L-1)
+            behaviour = torch.where(b.tempered[:, None], lq + (behaviour - old), behaviour)
+        b.is_w, tis_stats = tis_weights(old, behaviour, b.mask, cap=t.tis_cap or None)
+        b.fixed_stats = dict(tis_stats)
+        b.old = old
+        if not use_pg:
+            return
+        scores = torch.where(b.has_pre, torch.full_like(b.scores, float("nan")), b.scores)  # (B,)
+        b.adv, adv_stats = combined_advantages(
+            scores if self.use_rl else torch.full_like(scores, float("nan")),
+            b.teacher_lp if self.token_opd else None, old, b.mask,
+            w_rl=t.w_rl if self.use_rl else 0.0, w_opd=t.w_opd if self.token_opd else 0.0,
+            opd_clip=t.opd_clip or None)
+        if bool(b.has_pre.any()):  # rollout-buffer groups: their advantages are the RL term
+            w = t.w_rl if self.use_rl else 1.0
+            b.adv = b.adv + torch.where(b.has_pre[:, None] & b.mask.bool(), w * b.pre_adv, torch.zeros_like(b.adv))
+        b.fixed_stats.update(adv_stats)
+
+    def _loss(self, b: _Batch, lp: torch.Tensor, logits: torch.Tensor, denom: float,
+              use_pg: bool) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's share of the update's loss, and its stats."""
+        t = self.tc
+        stats = dict(b.fixed_stats)
+        terms: list[torch.Tensor] = []
+        if use_pg:
+            pg, s = (self.custom_loss or ppo_clip_loss)(
+                lp, b.old, b.adv, b.mask, eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high,
+                dual_clip=t.dual_clip or None, agg=t.loss_agg, denominator=denom, is_weights=b.is_w)
+            terms.append(pg)
+            stats.update(s)
+        if b.topk_ids is not None:
+            kmask = b.mask * b.has_topk[:, None]  # (B, L-1) rows the teacher saw a hint for
+            tk, s = topk_distill_loss(logits, b.topk_ids, b.topk_lp, kmask, agg=t.loss_agg, denominator=denom)
+            terms.append(t.w_opd * tk)
+            stats.update(s)
+            stats["train/topk_loss"] = float(t.w_opd * tk.detach())
+        if b.ref_lp is not None:
+            kl, s = kl_loss(lp, b.ref_lp, b.mask, kind=t.kl_type, coef=t.kl_coef, agg=t.loss_agg, denominator=denom)
+            terms.append(kl)
+            stats.update(s)
+        if t.entropy_coef > 0:
+            ent, s = entropy_bonus(logits, b.mask, coef=t.entropy_coef, agg=t.loss_agg, denominator=denom)
+            terms.append(ent)
+            stats.update(s)
+        else:
+            stats["train/entropy"] = _entropy_metric(logits, b.mask)
+        loss = sum(terms) if terms else lp.sum() * 0.0  # nothing to learn here: a zero with a graph
+        stats["train/loss"] = float(loss.detach())
+        return loss, stats
+
     # -- the step ------------------------------------------------------------
     def step(self, samples: list[Sample], served_version: int | None = None) -> dict[str, float]:
-        """One optimizer step on `samples`; returns stats (train/...)."""
+        """One train step on `samples` (`num_steps_per_rollout` optimizer updates); returns stats (train/...).
+
+        `served_version`: the version the engine serves, the staleness reference. None (no engine): the
+        newest version among `samples` (`TrainerLoop` passes the newest in everything it has read)."""
         t0 = time.perf_counter()
         t = self.tc
-        current = self.version if served_version is None else served_version
+        current = newest_version(samples) if served_version is None else served_version
         hist = staleness_histogram([s.policy_version for s in samples], current) if samples else {}
         mixed = sum(1 for s in samples if s.mixed_versions)
+        n_in = len(samples)
         samples, masked, dropped = self._mask_stale_tokens(samples, current)
         stats: dict[str, float] = {"train/stale_dropped": float(dropped), "train/stale_tokens_masked": float(masked),
                                    "train/mixed_version_samples": float(mixed)}
         for k, n in hist.items():
             stats[f"train/staleness_{k}"] = float(n)
+        if dropped:
+            log.warning("%d of %d samples dropped as stale: every response token is more than %d versions older "
+                        "than v%d (train/stale_dropped)", dropped, n_in, t.max_staleness, current)
         if not samples:
             stats["train/skipped_step"] = 1.0
+            self.last = stats
             return stats
-        use_rl = t.method in ("binary", "combine")
-        use_opd = t.method in ("opd", "combine")
-        teacher = self.teacher_logprobs_for(samples) if use_opd else None
-        batches = self._micro_batches(samples)
-        if teacher is not None:
-            by_id = {id(s): tl for s, tl in zip(samples, teacher)}
-        tensors = [self._tensorize(mb, [by_id[id(s)] for s in mb] if teacher is not None else None,
-                                   ref=t.kl_coef > 0) for mb in batches]
-        denom = sum(aggregation_denominator(b.mask, t.loss_agg) for b in tensors)
-        self.opt.zero_grad(set_to_none=True)
-        acc: dict[str, list[float]] = {}
-        n_tokens = 0
-        n_tempered = 0
-        for b in tensors:
-            tempered = bool(b.tempered.any())
-            lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=t.entropy_coef > 0 or tempered,
-                                        autocast_dtype=self.autocast_dtype)  # (B, L-1)
-            old = lp.detach()
-            behaviour = torch.where(b.has_engine_lp[:, None], b.engine_lp, old)  # (B, L-1)
-            if tempered:
-                # Sampled at T != 1 / top-p < 1: the behaviour logprob is the tempered, truncated one.
-                # The trainer's logits stand in for the engine's; the engine/trainer drift measured on
-                # the raw distribution (engine - old) is carried over, so with T = 1 this is exact.
-                with torch.no_grad():
-                    lq = behaviour_logprobs(logits.detach(), b.tokens[:, 1:], b.temperature, b.top_p)  # (B, L-1)
-                behaviour = torch.where(b.tempered[:, None], lq + (behaviour - old), behaviour)
+
+        # signals that do not change during the step: hints, teacher, RL scores
+        hints, hint_stats = self.choose_hints(samples) if self.use_opd else ([None] * len(samples), {})
+        teacher = self.teacher_signals(samples, hints) if self.use_opd else [None] * len(samples)
+        scores, score_stats = self.rl_scores(samples) if self.use_rl else ([float("nan")] * len(samples), {})
+        stats.update(hint_stats)
+        stats.update(score_stats)
+        use_pg = self.use_rl or self.token_opd or any(s.advantages is not None for s in samples)
+
+        minis = []  # per optimizer update: its micro-batches
+        for idx in split_even(len(samples), t.num_steps_per_rollout):
+            part = [samples[i] for i in idx]
+            by_id = {id(s): (teacher[i], scores[i]) for i, s in zip(idx, part)}
+            minis.append([self._tensorize(mb, [by_id[id(s)][0] for s in mb], [by_id[id(s)][1] for s in mb],
+                                          ref=t.kl_coef > 0) for mb in self._micro_batches(part)])
+        if len(minis) > 1:  # old logprobs of the whole batch before the first update
+            with torch.no_grad():
+                for mbs in minis:
+                    for b in mbs:
+                        tempered = bool(b.tempered.any())
+                        old, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=tempered,
+                                                     autocast_dtype=self.autocast_dtype)  # (B, L-1)
+                        self._set_old(b, old, logits, use_pg)
+
+        updates: list[tuple[dict[str, float], float, float]] = []
+        grad_norms: list[float] = []
+        n_tokens = n_tempered = 0
+        for mbs in minis:
+            denom = step_denominator([b.mask for b in mbs], t.loss_agg, tokens_per_sample=t.fixed_denominator_tokens)
+            self.opt.zero_grad(set_to_none=True)
+            parts = []
+            for b in mbs:
+                lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=True,
+                                            autocast_dtype=self.autocast_dtype)  # (B, L-1), (B, L-1, V)
+                if b.old is None:  # one update: this forward is from before it
+                    self._set_old(b, lp, logits, use_pg)
+                loss, s = self._loss(b, lp, logits, denom, use_pg)
+                loss.backward()
+                del logits
+                w = float(b.mask.sum())
+                n_tokens += int(w)
                 n_tempered += int(b.tempered.sum())
-            is_w, tis_stats = tis_weights(old, behaviour, b.mask, cap=t.tis_cap or None)
-            if t.entropy_coef <= 0:
-                logits = None
-            if b.adv is not None:
-                adv, adv_stats = b.adv * b.mask, {}
-            else:
-                adv, adv_stats = combined_advantages(
-                    b.scores if use_rl else torch.full_like(b.scores, float("nan")),
-                    b.teacher_lp if use_opd else None, old, b.mask,
-                    w_rl=t.w_rl if use_rl else 0.0, w_opd=t.w_opd if use_opd else 0.0)
-            knobs = dict(eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high, dual_clip=t.dual_clip or None,
-                         agg=t.loss_agg, denominator=denom, is_weights=is_w)
-            loss_fn = self.custom_loss or ppo_clip_loss
-            loss, s = loss_fn(lp, old, adv, b.mask, **knobs)
-            if b.ref_lp is not None:
-                kl, kl_s = kl_loss(lp, b.ref_lp, b.mask, kind=t.kl_type, coef=t.kl_coef, agg=t.loss_agg,
-                                   denominator=denom)
-                loss = loss + kl
-                s.update(kl_s)
-            if logits is not None:
-                ent, ent_s = entropy_bonus(logits, b.mask, coef=t.entropy_coef, agg=t.loss_agg, denominator=denom)
-                loss = loss + ent
-                s.update(ent_s)
-            loss.backward()
-            w = float(b.mask.sum())
-            n_tokens += int(w)
-            for k, v in {**s, **tis_stats, **adv_stats}.items():
-                acc.setdefault(k, []).append(v * w)
-            acc.setdefault("_w", []).append(w)
-        grad_norm = self._optimizer_step()
+                parts.append((s, w, float(b.rows)))
+            g = float(self._optimizer_step())
+            grad_norms.append(g if math.isfinite(g) else -1.0)
+            merged = merge_stats(parts, losses="sum")
+            updates.append((merged, sum(p[1] for p in parts), sum(p[2] for p in parts)))
+        stats.update(merge_stats(updates, losses="mean"))
         self.step_count += 1
         self.version += 1
         self.tokens_trained += n_tokens
-        total_w = max(sum(acc.pop("_w")), 1.0)
-        for k, vs in acc.items():
-            stats[k] = sum(vs) / total_w
-        zero_adv = sum(1 for s in samples if (s.reward in (None, 0) or not use_rl)
-                       and not (use_opd and s.hint) and s.advantages is None)
+        no_signal = sum(1 for s, sc, tch in zip(samples, scores, teacher)
+                        if not (self.use_rl and math.isfinite(sc) and sc != 0) and tch is None
+                        and not (s.advantages is not None and any(a != 0 for a in s.advantages)))
         dt = time.perf_counter() - t0
         stats.update({
             "train/step": float(self.step_count), "train/policy_version": float(self.version),
-            "train/samples": float(len(samples)), "train/micro_batches": float(len(batches)),
-            "train/tokens": float(n_tokens), "train/tokens_per_s": n_tokens / dt if dt > 0 else 0.0,
-            "train/step_s": dt, "train/grad_norm": float(grad_norm) if math.isfinite(float(grad_norm)) else -1.0,
-            "train/zero_adv_frac": zero_adv / len(samples), "train/tempered_samples": float(n_tempered), "train/lr": t.lr,
+            "train/samples": float(len(samples)), "train/micro_batches": float(sum(len(m) for m in minis)),
+            "train/updates": float(len(minis)), "train/tokens": float(n_tokens),
+            "train/tokens_per_s": n_tokens / dt if dt > 0 else 0.0, "train/step_s": dt,
+            "train/grad_norm": sum(grad_norms) / len(grad_norms), "train/grad_norm_max": max(grad_norms),
+            "train/zero_adv_frac": no_signal / len(samples), "train/tempered_samples": float(n_tempered),
+            "train/lr": t.lr,
         })
+        if no_signal == len(samples):
+            log.warning("dead learning signal: none of the %d samples of step %d has a non-zero score, a teacher or "
+                        "an advantage (train/zero_adv_frac=1.0)", len(samples), self.step_count)
         if stats.get("train/logprob_diff_abs_mean", 0.0) > 0.5:
             log.warning("trainer and engine logprobs differ by %.3f on average: check that the engine serves the "
                         "trained weights (train/logprob_diff_abs_mean)", stats["train/logprob_diff_abs_mean"])

@@ -1,13 +1,29 @@
 """The training loop: judged turns (or rollout-buffer groups) in, steps and
 publishes out, on its own thread so serving is never blocked by it.
 
-Batching: the store is read from a cursor (the last judgement id consumed);
-samples with no learning signal (score 0 and no hint, or the wrong signal for
-the method) are skipped and counted, they never fill a batch slot. A step
-runs once `rollout_batch_size` samples with a signal are waiting. After every
-`publish_interval` steps the engine gets the new weights as version + 1 (the
-LoRA adapter alone where the engine hot-loads adapters, else the merged full
-weights); checkpoints every `save_interval` steps and at shutdown.
+Batching: the store is read from a cursor (judgement ids, in order); samples
+with no learning signal (score 0 and no hint, or the wrong signal for the
+method) are skipped and counted, they never fill a batch slot. Reading stops
+once `rollout_batch_size` samples with a signal are waiting, so at most one
+batch (plus one read) waits in memory. A step runs on the oldest waiting
+batch. After every `publish_interval` steps the engine gets the new weights
+as version + 1 (the LoRA adapter alone where the engine hot-loads adapters,
+else the merged full weights); checkpoints every `save_interval` steps and at
+shutdown.
+
+Exactly once across restarts: the cursor that is saved (in the store and in
+every checkpoint) is the *committed* one: every judgement at or before it was
+trained on or skipped; the samples read but still waiting are after it, so a
+restart reads them again. A rollout buffer hands a group out only once, so
+its waiting samples are written into the checkpoint instead and restored on
+resume.
+
+Staleness reference: the version the engine serves; without an engine
+(`clawloop train`) the newest policy version among everything read so far.
+The trainer's own version counter is never used: it numbers the weights this
+trainer produced, not the ones that produced its data (a standalone trainer
+on turns served at v0 would otherwise drop every batch after `max_staleness`
+steps).
 
 Colocated (`--colocate`): the engine and the trainer share one GPU, so an
 engine that can sleep (vLLM: `sleep()` frees its weights and KV cache,
@@ -15,7 +31,8 @@ engine that can sleep (vLLM: `sleep()` frees its weights and KV cache,
 the publish; requests that arrive meanwhile wait, none is refused.
 
 Loud failures: a warning (and `train/*` metrics) when nearly every judged turn
-carries no signal, and when a publish did not advance the served version.
+carries no signal, when samples are dropped as stale, and when a publish did
+not advance the served version.
 """
 
 from __future__ import annotations
@@ -23,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -32,8 +50,15 @@ from typing import Any
 import torch
 
 from clawloop.records import Sample
-from clawloop.trainer.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint, weights_fingerprint
+from clawloop.trainer.checkpoint import (
+    load_checkpoint,
+    load_pending_samples,
+    resolve_checkpoint,
+    save_checkpoint,
+    weights_fingerprint,
+)
 from clawloop.trainer.core import Trainer
+from clawloop.trainer.hints import hint_candidates
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +66,14 @@ CURSOR = "trainer"
 
 
 def has_signal(s: Sample, method: str) -> bool:
+    """Whether `s` can teach `method` anything: non-zero advantages, a non-zero finite reward (RL), or a
+    hint and the conversation to put it in (OPD)."""
     if s.advantages is not None:
         return any(a != 0 for a in s.advantages)
-    rl = method in ("binary", "combine") and s.reward not in (None, 0)
-    opd = method in ("opd", "combine") and bool(s.hint)
+    rl = (method in ("binary", "combine") and s.reward is not None and math.isfinite(float(s.reward))
+          and float(s.reward) != 0.0)
+    opd = method in ("opd", "combine") and (bool(s.messages) and bool(hint_candidates(s))
+                                             or bool(s.teacher_logprobs))
     return rl or opd
 
 
@@ -66,13 +95,21 @@ class TrainerLoop:
         self.buffer = buffer_source
         self.save_dir = Path(self.tc.save_dir or Path(cfg.data_dir) / "checkpoints")
         self.cursor = store.get_cursor(CURSOR) if store is not None else 0
+        """Committed: every judgement id <= cursor was trained on or skipped (what is saved)."""
+        self.read_cursor = self._saved_cursor = self.cursor
+        """The last judgement id read (samples after `cursor` may be waiting in `pending`)."""
         self.pending: list[Sample] = []
+        self.pending_ids: list[int] = []
+        """The judgement id of each waiting store sample, aligned with `pending`."""
+        self.newest_version = 0
+        """The newest policy version among the samples read: the staleness reference without an engine."""
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.window: deque[int] = deque(maxlen=64)  # 1 = had signal, per judged turn
         self.counts = {"judged_seen": 0, "skipped_no_signal": 0, "truncated": 0, "publishes": 0,
-                       "publish_failures": 0, "steps": 0, "checkpoints": 0, "engine_sleeps": 0}
+                       "publish_failures": 0, "steps": 0, "checkpoints": 0, "engine_sleeps": 0,
+                       "stale_dropped": 0, "skipped_steps": 0}
         self.last_step_at = 0.0
         self.last_publish_s = 0.0
         self._warned_dead = 0.0
@@ -89,9 +126,13 @@ class TrainerLoop:
         if path is None:
             return
         state = load_checkpoint(self.trainer, path)
-        self.cursor = int(state.get("cursor", 0))
-        if self.store is not None:
-            self.store.set_cursor(CURSOR, self.cursor)
+        self.cursor = self.read_cursor = int(state.get("cursor", 0))
+        self.pending, self.pending_ids = [], []
+        self.newest_version = int(state.get("newest_version", 0))
+        if self.buffer is not None:
+            self.pending = load_pending_samples(path)
+        self._saved_cursor = -1
+        self._save_cursor()
         self.resumed_from = str(path)
         log.info("resumed from %s: step %d, policy v%d, cursor %d", path, self.trainer.step_count,
                  self.trainer.version, self.cursor)
@@ -139,29 +180,49 @@ class TrainerLoop:
 
     # -- one iteration ---------------------------------------------------------
     def fetch(self) -> None:
+        """Read until a batch is waiting (or there is nothing more to read)."""
+        want = self.tc.rollout_batch_size
         if self.buffer is not None:
-            for s in self.buffer.pull():
-                self._consider(s)
+            if len(self.pending) < want:
+                for s in self.buffer.pull(want - len(self.pending)):
+                    self._consider(s, None)
             return
-        rows = self.store.judged_turns(self.judge_name, self.cursor, 256)
-        for jid, turn, judgement in rows:
-            self.cursor = jid
-            self.counts["judged_seen"] += 1
-            if turn.finish_reason == "length":
-                self.counts["truncated"] += 1
-            if not turn.response_ids:
-                self.counts["skipped_no_signal"] += 1
-                continue
-            self._consider(Sample.from_turn(turn, judgement))
+        while len(self.pending) < want:
+            rows = self.store.judged_turns(self.judge_name, self.read_cursor, want)
+            if not rows:
+                return
+            for jid, turn, judgement in rows:
+                self.read_cursor = jid
+                self.counts["judged_seen"] += 1
+                if turn.finish_reason == "length":
+                    self.counts["truncated"] += 1
+                if not turn.response_ids:
+                    self.counts["skipped_no_signal"] += 1
+                    continue
+                self._consider(Sample.from_turn(turn, judgement), jid)
+            if not self.pending:  # everything read was skipped: all of it is consumed
+                self.cursor = self.read_cursor
 
-    def _consider(self, s: Sample) -> None:
+    def _consider(self, s: Sample, jid: int | None) -> None:
+        self.newest_version = max(self.newest_version, max(s.response_versions, default=s.policy_version))
         sig = has_signal(s, self.tc.method)
         self.window.append(1 if sig else 0)
         if sig:
             self.pending.append(s)
+            if jid is not None:
+                self.pending_ids.append(jid)
         else:
             self.counts["skipped_no_signal"] += 1
         self._check_dead_signal()
+
+    def take_batch(self) -> list[Sample]:
+        """The oldest `rollout_batch_size` waiting samples; the committed cursor moves to just before the
+        oldest sample still waiting (or to the read position when none is)."""
+        n = self.tc.rollout_batch_size
+        batch, self.pending = self.pending[:n], self.pending[n:]
+        self.pending_ids = self.pending_ids[n:]
+        self.cursor = self.pending_ids[0] - 1 if self.pending_ids else self.read_cursor
+        return batch
 
     def _check_dead_signal(self) -> None:
         if len(self.window) >= 32 and sum(self.window) == 0 and time.time() - self._warned_dead > 60:
@@ -174,21 +235,28 @@ class TrainerLoop:
         """Fetch, and step if a batch is ready. Returns True if a step ran."""
         self.fetch()
         if len(self.pending) < self.tc.rollout_batch_size:
+            self._save_cursor()  # skipped rows are consumed too
             return False
-        batch, self.pending = self.pending[:self.tc.rollout_batch_size], self.pending[self.tc.rollout_batch_size:]
-        served = self.engine.policy_version if self.engine is not None else None
+        batch = self.take_batch()
+        served = self.engine.policy_version if self.engine is not None else self.newest_version
         stats = self.train_step(batch, served)
+        self.counts["stale_dropped"] += int(stats.get("train/stale_dropped", 0))
+        self._save_cursor()  # the batch is consumed, trained or dropped as stale
         if stats.get("train/skipped_step"):
+            self.counts["skipped_steps"] += 1
             return False
         self.counts["steps"] += 1
         self.last_step_at = time.time()
-        if self.store is not None:
-            self.store.set_cursor(CURSOR, self.cursor)
         if self.engine is not None and self.trainer.step_count % max(1, self.tc.publish_interval) == 0:
             self._publish()
         if self.tc.save_interval and self.trainer.step_count % self.tc.save_interval == 0:
             self.checkpoint()
         return True
+
+    def _save_cursor(self) -> None:
+        if self.store is not None and self.cursor != self._saved_cursor:
+            self.store.set_cursor(CURSOR, self.cursor)
+            self._saved_cursor = self.cursor
 
     def train_step(self, batch: list[Sample], served: int | None) -> dict[str, float]:
         """One trainer step; a colocated engine sleeps through it and is woken up whatever happens."""
@@ -231,7 +299,9 @@ class TrainerLoop:
                         self.engine.policy_version)
 
     def checkpoint(self) -> Path:
-        p = save_checkpoint(self.trainer, self.save_dir, cursor=self.cursor)
+        p = save_checkpoint(self.trainer, self.save_dir, cursor=self.cursor,
+                            extra={"newest_version": self.newest_version},
+                            pending=self.pending if self.buffer is not None else None)
         self.counts["checkpoints"] += 1
         return p
 
@@ -251,4 +321,5 @@ class TrainerLoop:
             out.setdefault(k, v)
         if self.store is not None:
             out["train/cursor"] = float(self.cursor)
+            out["train/read_cursor"] = float(self.read_cursor)
         return out

@@ -19,7 +19,9 @@ from clawloop.trainer import build_loop
 log = logging.getLogger(__name__)
 
 
-def run_trainer_service(cfg: Any, max_steps: int = 0) -> int:
+def run_trainer_service(cfg: Any, max_steps: int = 0, exit_when_idle: bool = False) -> int:
+    """Train until interrupted, `max_steps` steps of this run (0: no limit), or, with `exit_when_idle`,
+    until the source has nothing left to make a batch of."""
     store = None
     if cfg.train.source == "store":
         from clawloop.runtime import open_store, store_path
@@ -42,18 +44,28 @@ def run_trainer_service(cfg: Any, max_steps: int = 0) -> int:
 
         torch.set_num_threads(cfg.train.threads)
     print(f"clawloop train: method={cfg.train.method} source={cfg.train.source} "
-          f"lora={cfg.train.use_lora} checkpoints in {tl.save_dir}", flush=True)
+          f"lora={cfg.train.use_lora} checkpoints in {tl.save_dir}"
+          + (f", resumed from {tl.resumed_from} (step {tl.trainer.step_count}, cursor {tl.cursor})"
+             if tl.resumed_from else ""), flush=True)
     try:
         while not stop.is_set():
             if tl.run_once():
                 s = tl.trainer.last
-                print(f"step {tl.trainer.step_count}: samples={s.get('train/samples', 0):.0f} "
-                      f"loss={s.get('train/pg_loss', 0):.4f} grad_norm={s.get('train/grad_norm', 0):.3f}", flush=True)
-                if max_steps and tl.trainer.step_count >= max_steps:
+                print(f"step {tl.trainer.step_count}: v{tl.trainer.version} samples={s.get('train/samples', 0):.0f} "
+                      f"loss={s.get('train/loss', 0):.4f} grad_norm={s.get('train/grad_norm', 0):.3f} "
+                      f"stale_dropped={s.get('train/stale_dropped', 0):.0f}", flush=True)
+                if max_steps and tl.counts["steps"] >= max_steps:
                     break
+            elif exit_when_idle and (tl.fetch() or len(tl.pending) < cfg.train.rollout_batch_size):
+                break  # (a step that dropped a stale batch is not idle: fetch again before deciding)
             else:
                 stop.wait(1.0)
     finally:
+        c = tl.stats()
+        print(f"trained {tl.counts['steps']} step(s) this run: policy v{tl.trainer.version}, "
+              f"{c['train/judged_seen']:.0f} judged read, {c['train/skipped_no_signal']:.0f} without signal, "
+              f"{c['train/stale_dropped']:.0f} dropped as stale, {len(tl.pending)} waiting for a batch"
+              + (f", cursor {tl.cursor}" if store is not None else ""), flush=True)
         if tl.trainer.step_count > 0:
             path = tl.checkpoint()
             print(f"checkpoint {path}", flush=True)
