@@ -421,6 +421,16 @@ class VLLMEngine:
                               "skip_special_tokens": False}
         if p.seed is not None:
             sp["seed"] = int(p.seed)
+        if p.presence_penalty:
+            sp["presence_penalty"] = p.presence_penalty
+        if p.frequency_penalty:
+            sp["frequency_penalty"] = p.frequency_penalty
+        if p.logit_bias:
+            sp["logit_bias"] = {str(t): b for t, b in p.logit_bias.items()}
+        if p.constraint is not None:
+            # vLLM compiles the same structural tag with xgrammar, its default backend; its raw logprobs
+            # are then taken after the grammar's mask, as the hf engine reports them.
+            sp["structured_outputs"] = {"structural_tag": json.dumps(p.constraint)}
         body: dict[str, Any] = {"token_ids": list(request.prompt_ids), "sampling_params": sp, "stream": True}
         if adapter is not None:
             body["model"] = adapter.name

@@ -31,7 +31,42 @@ EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": 
 
 
 def _json_format(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "json_schema", "json_schema": schema, "style": "json", "max_whitespace_cnt": MAX_WHITESPACE}
+    return {"type": "json_schema", "json_schema": bounded_strings(schema), "style": "json",
+            "max_whitespace_cnt": MAX_WHITESPACE}
+
+
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def bounded_strings(schema: Any) -> Any:
+    """`schema` with each length-bounded string (`minLength`/`maxLength`, no `pattern`/`format`)
+    rewritten as the same bound on a `pattern` of JSON-safe characters.
+
+    xgrammar 0.2.8 (ours and vLLM's) compiles a length-bounded string to `[^"\\\r\n]{min,max}`,
+    which lets raw control characters (U+0000-U+001F) into the string: invalid JSON that
+    clients' parsers reject. The pattern keeps the bound and excludes them (and escapes)."""
+    if isinstance(schema, list):
+        return [bounded_strings(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for k in _SUBSCHEMAS:
+        if isinstance(out.get(k), (dict, list)):
+            out[k] = bounded_strings(out[k])
+    for k in _SCHEMA_LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [bounded_strings(s) for s in out[k]]
+    for k in _SCHEMA_MAPS:
+        if isinstance(out.get(k), dict):
+            out[k] = {name: bounded_strings(s) for name, s in out[k].items()}
+    typ = out.get("type")
+    if ((typ == "string" or (isinstance(typ, list) and "string" in typ)) and "pattern" not in out
+            and "format" not in out and ("minLength" in out or "maxLength" in out)):
+        lo, hi = out.pop("minLength", 0), out.pop("maxLength", "")
+        out["pattern"] = rf'^[^"\\\x00-\x1f]{{{int(lo)},{hi if hi == "" else int(hi)}}}$'
+    return out
 
 
 def tool_tag(tool: dict[str, Any]) -> dict[str, Any]:

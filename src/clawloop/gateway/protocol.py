@@ -178,6 +178,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         raise _bad("'messages' must contain at least one message.", "messages", code="empty_array")
     out = []
     answering: str | None = None  # the role before the current run of tool messages
+    owed: dict[str, int] = {}  # tool_call_id -> index of the assistant message that made the call
     for i, m in enumerate(messages):
         p = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -187,6 +188,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
             raise _bad(f"Invalid value for '{p}.role': {role!r}. Supported roles: {', '.join(ROLES)}.",
                        p + ".role")
         if role != "tool":
+            _check_answered(owed)
             answering = role
         elif answering != "assistant":
             # Only a tool result that answers the assistant may come in (OpenAI asks for the assistant's
@@ -199,6 +201,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
             msg["content"] = None if content is None else _text_of(content, p + ".content")
             if m.get("tool_calls"):
                 msg["tool_calls"] = _normalize_tool_calls(m["tool_calls"], p + ".tool_calls")
+                owed = {str(c["id"]): i for c in m["tool_calls"] if isinstance(c, dict) and c.get("id")}
             if msg["content"] is None and "tool_calls" not in msg:
                 msg["content"] = ""
         else:
@@ -209,12 +212,32 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         if role == "tool":
             if m.get("tool_call_id") is not None:
                 msg["tool_call_id"] = str(m["tool_call_id"])
+            if owed or (out and out[-1].get("tool_calls") and "tool_call_id" not in msg):
+                # answering structured calls (as OpenAI checks): each id once, each a call that was made
+                tid = msg.get("tool_call_id")
+                if tid is None:
+                    raise _bad(f"Missing required parameter: '{p}.tool_call_id'.", p + ".tool_call_id",
+                               code="missing_required_parameter")
+                if tid not in owed:
+                    raise _bad(f"Invalid parameter: '{p}.tool_call_id' {tid!r} does not answer a tool call of the "
+                               "preceding assistant message (or answers it twice).", p + ".tool_call_id")
+                del owed[tid]
             if m.get("name") is not None:
                 msg["name"] = str(m["name"])
         elif isinstance(m.get("name"), str):
             msg["name"] = m["name"]
         out.append(msg)
+    if owed and out[-1]["role"] == "tool":
+        _check_answered(owed)
     return out
+
+
+def _check_answered(owed: dict[str, int]) -> None:
+    if owed:
+        j = next(iter(owed.values()))
+        raise _bad(f"An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                   f"'tool_call_id'. The following tool_call_ids did not have response messages: "
+                   f"{', '.join(owed)}.", f"messages[{j}].tool_calls")
 
 
 def _normalize_tools(tools: Any) -> list[dict[str, Any]] | None:

@@ -1,0 +1,229 @@
+"""Structured outputs and valid tool calls by constrained decoding, sampling knobs, and the
+chat parameters refused by name — through the official client against a real server on the
+random tiny model. A random model writes nothing valid on its own: every valid object here
+comes from the grammar."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Literal
+
+import openai
+import pytest
+import torch
+from pydantic import BaseModel, Field
+
+from clawloop.engines.base import GenerationRequest, SamplingParams
+
+ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"], "additionalProperties": False}}}
+NOW = {"type": "function", "function": {"name": "now", "description": "The time."}}
+Q = [{"role": "user", "content": "What is 12+7?"}]
+SCHEMA = {"type": "object", "properties": {
+    "n": {"type": "integer"}, "ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]},
+    "tag": {"type": "string", "maxLength": 3}}, "required": ["n", "ok", "color", "tag"], "additionalProperties": False}
+
+
+class Answer(BaseModel):
+    verdict: Literal["yes", "no"]
+    confidence: int
+    note: str = Field(max_length=4)
+
+
+def valid_answer(obj: dict) -> bool:
+    return (set(obj) == {"n", "ok", "color", "tag"} and isinstance(obj["n"], int) and isinstance(obj["ok"], bool)
+            and obj["color"] in ("red", "green") and isinstance(obj["tag"], str) and len(obj["tag"]) <= 3)
+
+
+def _collect(engine, prompt, params):
+    async def run():
+        return [ev async for ev in engine.generate(GenerationRequest(prompt, params))]
+    return asyncio.run(run())
+
+
+def test_engine_logprobs_are_those_of_the_constrained_distribution(engine):
+    """Replaying the grammar over the sampled ids and masking the model's own logits gives the
+    logprobs the engine reported: renormalised over the allowed ids, at temperature 1."""
+    from clawloop.gateway.constraints import _json_format
+
+    tag = {"type": "structural_tag", "format": _json_format(SCHEMA)}
+    prompt = engine.tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    evs = _collect(engine, prompt, SamplingParams(temperature=1.0, max_tokens=200, seed=3, constraint=tag))
+    ids = [e.token_id for e in evs]
+    assert evs[-1].finish_reason == "stop" and ids[-1] in engine.eos_token_ids
+    assert valid_answer(json.loads(engine.tokenizer.decode(ids, skip_special_tokens=True)))
+
+    g = engine.grammars()
+    m = g.matcher(g.compile(tag))
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()  # (T, V)
+    want, raw = [], []
+    for t, tid in enumerate(ids):
+        masked = g.mask(m, logits[t])
+        want.append(float(torch.log_softmax(masked, -1)[tid]))
+        raw.append(float(torch.log_softmax(logits[t], -1)[tid]))
+        assert m.accept_token(tid)
+    got = [e.logprob for e in evs]
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+    assert sum(got) > sum(raw) + 1.0, "a random model's raw logprobs of a valid object are far lower"
+
+
+def test_structured_output_parse_returns_a_validated_object(gateway):
+    c = gateway.client()
+    for seed in range(3):
+        r = c.chat.completions.parse(model="m", messages=Q, response_format=Answer, seed=seed, max_tokens=200)
+        assert r.choices[0].finish_reason == "stop"
+        ans = r.choices[0].message.parsed
+        assert isinstance(ans, Answer), r.choices[0].message.content
+
+
+def test_json_schema_streamed_and_captured_as_constrained(gateway):
+    c = gateway.client()
+    rf = {"type": "json_schema", "json_schema": {"name": "thing", "strict": True, "schema": SCHEMA}}
+    chunks = list(c.chat.completions.create(model="m", messages=Q, response_format=rf, stream=True, max_tokens=200,
+                                            extra_headers={"X-Session-Id": "js"}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert valid_answer(json.loads(text))
+    gateway.store.flush()
+    (turn,) = gateway.store.session_turns("js")
+    assert turn.sampling["logprobs"] == "constrained"
+    assert turn.sampling["constraint"]["response_format"] == "json_schema"
+
+
+def test_json_object_is_an_object(gateway):
+    c = gateway.client()
+    # Without a schema the random model would write keys forever; a bias toward closing keeps it short,
+    # and the grammar still decides what is valid at every step.
+    close = {str(i): 30 for i in gateway.gw.tok.convert_tokens_to_ids(['"', "}"]) if i is not None}
+    r = c.chat.completions.create(model="m", messages=Q, response_format={"type": "json_object"}, max_tokens=60,
+                                  logit_bias=close, seed=0)
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_bad_schema_is_a_400_naming_the_parameter(gateway):
+    c = gateway.client()
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="m", messages=Q, response_format=rf)
+    assert e.value.body["param"] == "response_format.json_schema.schema"
+    bad_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="m", messages=Q, tools=[ADD, bad_tool])
+    assert e.value.body["param"] == "tools[1].function.parameters"
+
+
+def _args_ok(call) -> bool:
+    args = json.loads(call.function.arguments)
+    if call.function.name == "add":
+        return set(args) == {"a", "b"} and all(isinstance(v, int) for v in args.values())
+    return call.function.name == "now" and args == {}
+
+
+def test_tool_choice_required_gives_valid_calls_only_to_offered_tools(gateway):
+    c = gateway.client()
+    for seed in range(3):
+        r = c.chat.completions.create(model="m", messages=Q, tools=[ADD, NOW], tool_choice="required", seed=seed,
+                                      max_tokens=120, parallel_tool_calls=False)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", ch
+        assert len(ch.message.tool_calls) == 1  # parallel_tool_calls: false ends the reply after one call
+        assert _args_ok(ch.message.tool_calls[0])
+
+
+def test_named_tool_choice_calls_that_tool(gateway):
+    c = gateway.client()
+    r = c.chat.completions.create(model="m", messages=Q, tools=[ADD, NOW], max_tokens=200,
+                                  tool_choice={"type": "function", "function": {"name": "add"}})
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "add" and _args_ok(call)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="m", messages=Q, tools=[ADD],
+                                  tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert e.value.body["param"] == "tool_choice"
+
+
+def test_auto_tool_call_once_triggered_is_valid_and_streams_its_arguments(gateway):
+    """`auto` leaves the model free until it opens a call (forced here with logit_bias on the
+    `<tool_call>` token); from there the call must be valid."""
+    c = gateway.client()
+    trigger = gateway.gw.tok.convert_tokens_to_ids("<tool_call>")
+    chunks = list(c.chat.completions.create(model="m", messages=Q, tools=[ADD], max_tokens=120, stream=True,
+                                            logit_bias={str(trigger): 100}, seed=1, parallel_tool_calls=False))
+    deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert deltas[0].function.name == "add" and deltas[0].id
+    assert len(deltas) > 2  # arguments arrive in pieces
+    args = json.loads("".join(d.function.arguments or "" for d in deltas))
+    assert set(args) == {"a", "b"}
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+
+
+def test_unconstrained_calls_when_switched_off(make_gateway):
+    """--no-constrain-tool-calls: the forced trigger opens a call the random model cannot write."""
+    g = make_gateway(serve__constrain_tool_calls=False)
+    trigger = g.gw.tok.convert_tokens_to_ids("<tool_call>")
+    r = g.client().chat.completions.create(model="m", messages=Q, tools=[ADD], max_tokens=30, seed=1,
+                                           logit_bias={str(trigger): 100})
+    assert not r.choices[0].message.tool_calls
+
+
+def test_logit_bias_and_penalties_shape_sampling(gateway):
+    c = gateway.client()
+    seven = gateway.gw.tok.convert_tokens_to_ids("7")
+    r = c.chat.completions.create(model="m", messages=Q, max_tokens=6, temperature=1.0, seed=0,
+                                  logit_bias={str(seven): 100})
+    assert r.choices[0].message.content == "777777"
+    greedy = dict(model="m", messages=Q, max_tokens=24, temperature=0, logprobs=True)
+    plain = c.chat.completions.create(**greedy)
+    pen = c.chat.completions.create(**greedy, frequency_penalty=2.0)
+    pres = c.chat.completions.create(**greedy, presence_penalty=2.0)
+
+    def distinct(r):
+        toks = [e.token for e in r.choices[0].logprobs.content]
+        return len(set(toks)) / len(toks)
+    assert distinct(pen) > distinct(plain) and distinct(pres) > distinct(plain)
+    # logprobs stay the model's own: penalties change what is sampled, not what is reported
+    assert plain.choices[0].logprobs.content[0].logprob == pytest.approx(pen.choices[0].logprobs.content[0].logprob)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="m", messages=Q, logit_bias={"99999999": 5})
+    assert e.value.body["param"] == "logit_bias"
+
+
+@pytest.mark.parametrize("param,value", [
+    ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
+    ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("reasoning_effort", "high"),
+    ("verbosity", "low"), ("service_tier", "flex")])
+def test_unsupported_parameters_are_refused_by_name(gateway, param, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        gateway.client().chat.completions.create(model="m", messages=Q, max_tokens=2, extra_body={param: value})
+    assert e.value.body["param"] == param and param in e.value.body["message"]
+
+
+def test_store_false_is_not_captured_and_metadata_is(gateway):
+    c = gateway.client()
+    c.chat.completions.create(model="m", messages=Q, max_tokens=2, store=False, extra_headers={"X-Session-Id": "s1"})
+    c.chat.completions.create(model="m", messages=Q, max_tokens=2, metadata={"app": "t"},
+                              extra_headers={"X-Session-Id": "s2"})
+    gateway.store.flush()
+    assert gateway.store.session_turns("s1") == []
+    (t,) = gateway.store.session_turns("s2")
+    assert t.sampling["client"]["metadata"] == {"app": "t"}
+
+
+def test_tool_messages_must_answer_the_calls_made(gateway):
+    c = gateway.client()
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_a", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]}
+    ok = Q + [call, {"role": "tool", "tool_call_id": "call_a", "content": "3"}]
+    c.chat.completions.create(model="m", messages=ok, tools=[ADD], max_tokens=2)
+    for msgs, param in [
+        (Q + [call, {"role": "tool", "tool_call_id": "call_zzz", "content": "3"}], "messages[2].tool_call_id"),
+        (Q + [call, {"role": "user", "content": "and?"}], "messages[1].tool_calls"),
+        (Q + [call, {"role": "tool", "content": "3"}], "messages[2].tool_call_id"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="m", messages=msgs, tools=[ADD], max_tokens=2)
+        assert e.value.body["param"] == param, e.value.body
