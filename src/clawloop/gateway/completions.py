@@ -28,7 +28,8 @@ Capture: completions have no chat messages, and the judge and the trainer work o
 so a completion is captured only when the request names a session (`X-Session-Id`,
 `session_id`, `user`), and then always as a `side` turn (stored, never trained on): messages
 `[{"role": "user", "content": PROMPT_TEXT}]`, the exact prompt and response ids, sampling
-`endpoint: "completions"`. Without a session id nothing is stored.
+`endpoint: "completions"`. Without a session id, or with `store: false`, nothing is stored.
+`prompt_cache_key` routes like a session id; `user` is a session id, as in chat.
 """
 
 from __future__ import annotations
@@ -100,6 +101,12 @@ class CompletionRequest:
     include_usage: bool = False
     knobs: dict[str, Any] = field(default_factory=dict)
     """presence_penalty / frequency_penalty / logit_bias for `SamplingParams`, when set."""
+    return_token_ids: bool = False
+    """clawloop's extension (as in chat): each choice carries its prompt's ids, its sampled ids and their logprobs."""
+    store: bool = True
+    """False: not captured even with a session id (as chat's `store: false`)."""
+    prompt_cache_key: str | None = None
+    """Routes like a session id (engines with replicas keep a key on one warm prefix cache)."""
     session_id: str | None = None
     turn_type: str | None = None
     session_done: bool = False
@@ -163,11 +170,12 @@ def parse_completion_request(body: dict[str, Any], tok: Any, vocab: int, max_len
     suffix = body.get("suffix")
     if suffix is not None and suffix != "":
         raise _bad("'suffix' (insertion) is not supported by this server.", "suffix", code="unsupported_parameter")
-    for key in ("stream", "echo"):
+    for key in ("stream", "echo", "return_token_ids"):
         v = body.get(key)
         if v is not None and not isinstance(v, bool):
             raise _bad(f"Invalid type for '{key}': expected a boolean.", key, code="invalid_type")
     req.stream, req.echo = bool(body.get("stream")), bool(body.get("echo"))
+    req.return_token_ids = bool(body.get("return_token_ids"))
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict):
@@ -234,12 +242,16 @@ def parse_completion_request(body: dict[str, Any], tok: Any, vocab: int, max_len
                 raise _bad("'logit_bias' is not supported by this server's engine.", "logit_bias",
                            code="unsupported_parameter")
             req.knobs["logit_bias"] = parsed
-    for key in ("session_id", "user"):
+    if body.get("store") is not None and not isinstance(body["store"], bool):
+        raise _bad("Invalid type for 'store': expected a boolean.", "store", code="invalid_type")
+    req.store = body.get("store") is not False
+    for key in ("session_id", "user", "prompt_cache_key"):
         v = body.get(key)
         if v is not None and not isinstance(v, str):
             raise _bad(f"Invalid type for '{key}': expected a string.", key, code="invalid_type")
     req.session_id = body.get("session_id") or None
     req.user = body.get("user") or None
+    req.prompt_cache_key = body.get("prompt_cache_key") or None
     tt = body.get("turn_type")
     if tt is not None and tt not in ("main", "side"):
         raise _bad(f"Invalid value for 'turn_type': {tt!r} (main or side).", "turn_type")
@@ -348,7 +360,7 @@ class _Completion:
             return
         before = 0
         agen = self.gw.engine.generate(GenerationRequest(self.req.prompts[g.prompt], self.params(g), self.rid,
-                                                         session_id=self.sid))
+                                                         session_id=self.sid or self.req.prompt_cache_key))
         try:
             async for ev in agen:
                 delta = self.on_event(g, ev)
@@ -440,7 +452,7 @@ class _Completion:
     # -- capture ---------------------------------------------------------------
     def begin_capture(self) -> None:
         """Side turns, one per prompt, only for a named session (see the module docstring)."""
-        if self.sid is None or self.gw.capture is None or self.req.max_tokens == 0:
+        if self.sid is None or self.gw.capture is None or self.req.max_tokens == 0 or not self.req.store:
             return
         last = len(self.req.prompts) - 1
         for i, ids in enumerate(self.req.prompts):
@@ -502,9 +514,12 @@ class _Completion:
         choices = []
         for g in sorted((g for g in self.gens if g.index >= 0), key=lambda g: g.index):
             echo = self.req.texts[g.prompt] if self.req.echo else ""
-            choices.append({"text": echo + g.text.text, "index": g.index,
-                            "logprobs": self.logprobs_block(g, 0, len(g.ids), echo=self.req.echo),
-                            "finish_reason": g.finish_reason})
+            ch = {"text": echo + g.text.text, "index": g.index,
+                  "logprobs": self.logprobs_block(g, 0, len(g.ids), echo=self.req.echo),
+                  "finish_reason": g.finish_reason}
+            if self.req.return_token_ids:
+                ch.update(prompt_token_ids=self.req.prompts[g.prompt], token_ids=g.ids, token_logprobs=g.logprobs)
+            choices.append(ch)
         version = self.version()
         usage = self.usage()
         gw.metrics.observe_request(200, time.perf_counter() - self.t0, usage["completion_tokens"], self.tenant)
@@ -524,9 +539,11 @@ class _Completion:
         try:
             async def on_delta(g: _Gen, delta: str, start: int) -> None:
                 version = g.versions[-1] if g.versions else self.start_version
-                await q.put(self._chunk([{"text": delta, "index": g.index, "finish_reason": None,
-                                          "logprobs": self.logprobs_block(g, start, len(g.ids), echo=False)}],
-                                        version))
+                ch = {"text": delta, "index": g.index, "finish_reason": None,
+                      "logprobs": self.logprobs_block(g, start, len(g.ids), echo=False)}
+                if self.req.return_token_ids:
+                    ch.update(token_ids=g.ids[start:], token_logprobs=g.logprobs[start:])
+                await q.put(self._chunk([ch], version))
 
             async def run(g: _Gen) -> None:
                 try:

@@ -16,20 +16,22 @@ A stream is the chat stream re-cut into Responses events (`response.created`, `.
 `response.completed`, or `response.incomplete` when `max_output_tokens` cut it), each with
 `sequence_number`, no `[DONE]`.
 
-Sessions, natively: a response is stored (unless `store: false`) with the chat messages it added
-and its output, so `previous_response_id` continues it: the chain's messages, then the new input.
-The continuation goes into the same capture session: the one the chain named (an explicit
-`X-Session-Id`/`session_id`/`user` on any request of it, inherited by the next), else the one
-capture infers from the history, which ends with the exact answer that was served (header-less
-chat clients get the same). An explicit session id on a request always wins. Responses are
-stored per tenant: another tenant's id is a 404.
+Sessions, natively: a response is stored with the chat messages it added and its output, so
+`previous_response_id` continues it: the chain's messages, then the new input. The continuation
+goes into the same capture session: the one the chain named (an explicit `X-Session-Id`,
+`session_id` or `user` on any request of it, inherited by the next), else the one capture infers
+from the history, which ends with the exact answer that was served (header-less chat clients get
+the same). An explicit session id on a request always wins. Responses are stored per tenant in
+`DATA_DIR/responses.sqlite`: another tenant's id is a 404. `store: false` keeps nothing: no stored
+response (so it cannot be continued or fetched) and, as in chat, no captured turn.
 
 Refused with a 400 naming the parameter: non-function tools, `tool_choice` `allowed_tools`,
 image/file/audio input, `reasoning`/`item_reference` items, `background`, `conversation`,
 `prompt`, `reasoning` settings, `truncation: "auto"`, `max_tool_calls`, `include` other than
-`message.output_text.logprobs`, `text.verbosity` other than `medium`. Accepted without effect:
-`service_tier`, `prompt_cache_key`, `prompt_cache_retention`, `safety_identifier`,
-`stream_options`; `metadata` and `user` are echoed (and `user` names the session, as in chat).
+`message.output_text.logprobs`, `text.verbosity` other than `medium`. `metadata`,
+`service_tier`, `prompt_cache_key`, `prompt_cache_retention`, `safety_identifier` go to the chat
+path as they are; `stream_options` (obfuscation) has no effect; `user` names the session, as in
+chat.
 """
 
 from __future__ import annotations
@@ -232,6 +234,8 @@ class ResponsesRequest:
     session: _SessionFields = field(default_factory=_SessionFields)
 
 
+_CHAT_AS_IS = ("store", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier")
+"""Responses parameters with the same name and meaning in chat: passed through as they are."""
 _REFUSED = {
     "background": "background mode is not supported: send the request and wait for it (or stream it)",
     "conversation": "conversations are not supported: continue with 'previous_response_id'",
@@ -267,10 +271,6 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
     if not isinstance(include, list) or any(x != LOGPROBS_INCLUDE for x in include):
         raise _bad(f"Invalid value for 'include': only '{LOGPROBS_INCLUDE}' is supported.", "include",
                    code="unsupported_value")
-    metadata = body.get("metadata")
-    if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16
-                                 or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
-        raise _bad("Invalid value for 'metadata': expected at most 16 string keys with string values.", "metadata")
     top_logprobs = body.get("top_logprobs")
     stream = bool(body.get("stream"))
     req = ResponsesRequest(input_messages=input_to_messages(body.get("input")), chat={}, echo={},
@@ -292,6 +292,9 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
                             ("top_logprobs", "top_logprobs", top_logprobs)):
         if value is not None:
             chat[dst] = value
+    for key in _CHAT_AS_IS:  # validated (and honoured) by the chat path
+        if body.get(key) is not None:
+            chat[key] = body[key]
     if req.logprobs:
         chat["logprobs"] = True
     req.chat = chat
@@ -303,8 +306,9 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
                 "text": {"format": fmt, "verbosity": "medium"},
                 "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
                 "top_logprobs": top_logprobs or 0, "truncation": "disabled", "user": body.get("user"),
-                "metadata": metadata or {}, "reasoning": {"effort": None, "summary": None},
-                "service_tier": "default"}
+                "metadata": body.get("metadata") or {}, "reasoning": {"effort": None, "summary": None},
+                "service_tier": "default" if body.get("service_tier") in (None, "auto") else body["service_tier"],
+                "prompt_cache_key": body.get("prompt_cache_key"), "safety_identifier": body.get("safety_identifier")}
     sid, tt, user = body.get("session_id"), body.get("turn_type"), body.get("user")
     for key, v in (("session_id", sid), ("user", user)):
         if v is not None and not isinstance(v, str):
