@@ -678,3 +678,16 @@ def test_check_signature_message_shows_expected_and_found():
                                           r"the expected signature fn\(turn\)"):
         check_signature(reward, ["turn"], "custom reward")
     check_signature(lambda turn, extra=None: 0.0, ["turn"], "custom reward")
+
+
+def test_step_denominator_every_mode():
+    """The step-wide denominator of micro-batches; fixed-denominator is rows x a constant, no length in it."""
+    from clawloop.losses import step_denominator
+
+    a = torch.tensor([[1, 1, 0], [0, 0, 0]])  # 2 valid tokens, 1 non-empty row, 2 rows
+    b = torch.tensor([[1, 1, 1, 1]])  # 4 tokens, 1 row
+    assert step_denominator([a, b], "token-mean") == 6
+    assert step_denominator([a, b], "seq-mean-token-mean") == 2 == step_denominator([a, b], "seq-mean-token-sum")
+    assert step_denominator([a, b], "fixed-denominator", tokens_per_sample=10) == 30
+    with pytest.raises(ValueError, match="tokens_per_sample"):
+        step_denominator([a], "fixed-denominator")
