@@ -134,8 +134,13 @@ class JudgeConfig:
     timeout_s: float = opt(60.0, "Per judge call.")
     max_retries: int = opt(3, "Retries of a failed call within one attempt (with backoff); the turn stays pending after.")
     temperature: float = opt(0.6, "Sampling temperature of LLM judge calls.")
+    max_tokens: int = opt(4096, "Longest judge reply in tokens, reasoning included (thinking judges need thousands).",
+                          flags=("--judge-max-tokens", "--prm-max-new-tokens"), env=("PRM_MAX_NEW_TOKENS",))
+    max_malformed: int = opt(6, "Judge replies without a valid verdict a turn may get before it is stored as 0, "
+                                "all votes malformed (judge/gave_up); 0: retry forever.")
     hints: bool = opt(True, "Extract OPD hints.")
-    custom_rm_path: str = opt("", "Custom reward: file.py:fn or pkg.module:fn; fn(turn) -> float | Judgement.",
+    custom_rm_path: str = opt("", "Custom reward: file.py:fn or pkg.module:fn; fn(turn) -> float | Judgement, "
+                              "get_reward_model(config) (OpenClaw-RL) or fn(args, sample) (slime).",
                               flags=("--custom-rm-path",))
     poll_interval_s: float = opt(0.5, "How often the store is polled for turns to judge.")
 
@@ -224,6 +229,13 @@ class BufferConfig:
     port: int = opt(8889, "Rollout buffer port.", flags=("--buffer-port",))
     generator_dir: str = opt("", "Folder of *_generator.py files (the built-ins are always there).",
                              flags=("--generator-dir",))
+    rollout_function_path: str = opt("", "A rollout function run as one more generator: file.py:fn or pkg.module:fn, "
+                                     "fn(data) like a generator's run_rollout; its task type is its module's "
+                                     "TASK_TYPE, else the function's name.", flags=("--rollout-function-path",))
+    custom_generate_function_path: str = opt("", "How the built-in generators get one answer: file.py:fn or "
+                                             "pkg.module:fn, fn(args, sample, sampling_params) -> sample (slime) or "
+                                             "fn(messages, sampling_params) -> str | dict.",
+                                             flags=("--custom-generate-function-path",))
     group_timeout_s: float = opt(300.0, "A group with no write for this long is finished or dropped.")
     min_group_ratio: float = opt(0.5, "A stale group is kept if at least this fraction of it arrived.")
     max_body_bytes: int = opt(16 * 1024 * 1024, "Largest /buffer/write body (413 above).")
@@ -453,6 +465,7 @@ def load_config(flag_values: dict[str, Any] | None = None, *, config_file: str |
     for name in REFUSED:
         if not name.startswith("--") and env.get(name):
             raise ConfigError(f"env {name} is not supported: {REFUSED[name]}")
+    _check_model_envs(env)
     for leaf in LEAVES:
         for name in leaf.envs:
             if name in env and env[name] != "":
@@ -471,6 +484,14 @@ def load_config(flag_values: dict[str, Any] | None = None, *, config_file: str |
     return cfg
 
 
+def _check_model_envs(env: dict[str, str]) -> None:
+    """JUDGE_MODEL_PATH and PRM_MODEL_PATH both name judge.model: two different values would leave one ignored."""
+    judge, prm = env.get("JUDGE_MODEL_PATH", ""), env.get("PRM_MODEL_PATH", "")
+    if judge and prm and judge != prm and not env.get("CLAWLOOP_JUDGE_MODEL"):
+        raise ConfigError(f"judge.model: env JUDGE_MODEL_PATH={judge!r} and PRM_MODEL_PATH={prm!r} differ, and clawloop "
+                          "has one judge model (it scores and writes hints); set one of them, or CLAWLOOP_JUDGE_MODEL")
+
+
 def validate(cfg: Config) -> None:
     def need(ok: bool, key: str, why: str) -> None:
         if not ok:
@@ -484,6 +505,8 @@ def validate(cfg: Config) -> None:
     need(0.0 < cfg.judge.majority_vote_threshold <= 1.0, "judge.majority_vote_threshold", "must be in (0, 1]")
     need(cfg.judge.num_workers >= 1, "judge.num_workers", "must be >= 1")
     need(cfg.judge.kind != "url" or bool(cfg.judge.url), "judge.url", "--judge url needs --judge-url")
+    need(cfg.judge.max_tokens >= 1, "judge.max_tokens", "must be >= 1")
+    need(cfg.judge.max_malformed >= 0, "judge.max_malformed", "must be >= 0 (0: retry forever)")
     need(cfg.train.rollout_batch_size >= 1, "train.rollout_batch_size", "must be >= 1")
     need(cfg.train.lr > 0, "train.lr", "must be > 0")
     need(cfg.train.dual_clip == 0 or cfg.train.dual_clip > 1, "train.dual_clip", "must be 0 (off) or > 1")

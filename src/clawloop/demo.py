@@ -8,6 +8,14 @@ not, the user corrects ("just the number, please") and the assistant tries
 again. Those replies are the next states the judge reads; nothing else tells
 the model what the users want.
 
+`--wording heldout` makes the users talk in phrasings of their own: the
+corrections and thanks of `clawloop/data/demo_wording_heldout.json`, written
+apart from the tiny model's corpus and the offline judge's rules, which
+contain none of them (tests/test_demo.py checks). The default, `corpus`, uses
+the corpus's own correction phrases, which the rules were written to read, so
+it measures the loop with a judge that understands every user; `heldout`
+measures it with users the judge was not written for.
+
 Satisfaction = the fraction of answers to held-out questions that already fit
 the preference, sampled at temperature 1 with fixed seeds, sent as side turns
 so that measuring never trains. It is measured before training (baseline)
@@ -15,9 +23,10 @@ and after every policy update. Users pause while it is measured, so each
 point belongs to exactly one served version.
 
     clawloop demo --method combine --updates 16 --out result.json
+    clawloop demo --method binary --wording heldout --preference upper --updates 8
 
 Writes `result.json` (baseline, final, curve) and a PNG plot beside it; the
-last line printed is `method=... baseline=0.XX final=0.XX updates=N minutes=M`.
+last line printed is `method=... wording=... preference=... baseline=0.XX final=0.XX updates=N minutes=M`.
 """
 
 from __future__ import annotations
@@ -41,6 +50,37 @@ import httpx
 from clawloop.tinymodel.corpus import STYLES, correction_for, fits_style, heldout_questions, sample_question
 
 THANKS = ("Thanks!", "Great, thank you.", "Perfect, thanks!", "Thank you!", "Nice, thanks.")
+WORDINGS = ("corpus", "heldout")
+HELDOUT_WORDING_FILE = "data/demo_wording_heldout.json"
+
+
+def heldout_wording() -> dict[str, Any]:
+    """The held-out phrase set: {"thanks": [...], "corrections": {style: [...]}}, checked."""
+    from importlib import resources
+
+    data = json.loads(resources.files("clawloop").joinpath(HELDOUT_WORDING_FILE).read_text(encoding="utf-8"))
+    missing = [s for s in STYLES if not data.get("corrections", {}).get(s)]
+    if not data.get("thanks") or missing:
+        raise ValueError(f"{HELDOUT_WORDING_FILE}: needs 'thanks' and corrections for every style (missing: {missing})")
+    return data
+
+
+class Wording:
+    """What simulated users say: a correction asking for a style, thanks before the next question."""
+
+    def __init__(self, kind: str = "corpus"):
+        if kind not in WORDINGS:
+            raise ValueError(f"wording must be one of {WORDINGS}, got {kind!r}")
+        self.kind = kind
+        self._heldout = heldout_wording() if kind == "heldout" else None
+
+    def correction(self, style: str, rng: random.Random) -> str:
+        if self._heldout is None:
+            return correction_for(style, rng)
+        return rng.choice(self._heldout["corrections"][style])
+
+    def thanks(self, rng: random.Random) -> str:
+        return rng.choice(self._heldout["thanks"] if self._heldout is not None else THANKS)
 
 
 def _free_port() -> int:
@@ -95,6 +135,24 @@ def version(url: str) -> int:
     return int(httpx.get(url + "/health", timeout=10).json()["policy_version"])
 
 
+JUDGE_GAUGES = ("judge_judged", "judge_score_pos", "judge_score_zero", "judge_score_neg", "judge_hints")
+
+
+def judge_counts(url: str) -> dict[str, float]:
+    """The judge's verdict counts from /metrics: how many user replies it read as +1, 0, -1, with hints."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        short = name.removeprefix("clawloop_")
+        if short in JUDGE_GAUGES:
+            out[short] = float(value)
+    return out
+
+
 def satisfaction(client: Any, preference: str, questions: list[dict[str, str]], seed: int) -> tuple[float, int]:
     """Fraction of held-out answers that fit; also the served version seen."""
     def ask(k: int) -> tuple[bool, int]:
@@ -110,8 +168,10 @@ def satisfaction(client: Any, preference: str, questions: list[dict[str, str]], 
     return sum(ok for ok, _ in res) / len(res), max(v for _, v in res)
 
 
-def run_user(client: Any, preference: str, rng: random.Random, sid: str, turns: int) -> dict[str, int]:
+def run_user(client: Any, preference: str, rng: random.Random, sid: str, turns: int,
+             wording: Wording | None = None) -> dict[str, int]:
     """One session: questions, corrections when the answer does not fit, thanks when it does."""
+    wording = wording or Wording()
     msgs: list[dict[str, Any]] = []
     stats = {"answers": 0, "fit": 0}
     pending_q = sample_question(rng)["question"]
@@ -126,9 +186,9 @@ def run_user(client: Any, preference: str, rng: random.Random, sid: str, turns: 
         stats["answers"] += 1
         if fits_style(answer, preference):
             stats["fit"] += 1
-            pending_q = f"{rng.choice(THANKS)} {sample_question(rng)['question']}"
+            pending_q = f"{wording.thanks(rng)} {sample_question(rng)['question']}"
         else:
-            pending_q = correction_for(preference, rng)
+            pending_q = wording.correction(preference, rng)
     return stats
 
 
@@ -163,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--updates", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--preference", default="bare", choices=STYLES, help="The users' hidden preference.")
+    ap.add_argument("--wording", default="corpus", choices=WORDINGS,
+                    help="How users phrase corrections and thanks: the corpus's phrases, or a held-out set the "
+                         "corpus and the judge's rules do not contain.")
     ap.add_argument("--users", type=int, default=4, help="Concurrent simulated users.")
     ap.add_argument("--turns", type=int, default=4, help="Turns per session.")
     ap.add_argument("--eval-questions", type=int, default=48)
@@ -198,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     client = openai.OpenAI(base_url=url + "/v1", api_key=os.environ.get("OPENCLAW_API_KEY", "none"), max_retries=2,
                            timeout=120)
     rng = random.Random(a.seed)
+    wording = Wording(a.wording)
     questions = heldout_questions(a.eval_questions, seed=a.seed + 1)
     curve: list[dict[str, float]] = []
     users_fit = users_answers = 0
@@ -209,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         while last_v - v0 < a.updates and time.time() - t0 < a.max_minutes * 60:
             with ThreadPoolExecutor(a.users) as ex:
                 futs = [ex.submit(run_user, client, a.preference, random.Random(rng.random()),
-                                  f"user{u}-s{sessions}", a.turns) for u in range(a.users)]
+                                  f"user{u}-s{sessions}", a.turns, wording) for u in range(a.users)]
                 for f in futs:
                     s = f.result()
                     users_fit += s["fit"]
@@ -228,20 +292,25 @@ def main(argv: list[str] | None = None) -> int:
                           "minutes": (time.time() - t0) / 60})
             print(f"demo: update {seen - v0} (v{seen}) satisfaction {sat:.2f} "
                   f"[{(time.time() - t0) / 60:.1f} min]", flush=True)
+        judged = judge_counts(url)
     finally:
         if up is not None:
             up.stop()
     minutes = (time.time() - t0) / 60
     final = curve[-1]["satisfaction"] if curve else baseline
     out = Path(a.out)
-    result = {"method": a.method, "preference": a.preference, "baseline": baseline, "final": final,
+    result = {"method": a.method, "preference": a.preference, "wording": a.wording, "baseline": baseline,
+              "final": final,
               "curve": curve, "updates": curve[-1]["update"] if curve else 0, "minutes": minutes, "seed": a.seed,
-              "batch_size": a.batch_size, "lr": a.lr, "users_fit_rate": users_fit / max(users_answers, 1)}
+              "batch_size": a.batch_size, "lr": a.lr, "users_fit_rate": users_fit / max(users_answers, 1),
+              "judge": judged}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    png = plot(curve, baseline, out, f"clawloop demo: {a.method}, preference={a.preference}")
+    png = plot(curve, baseline, out, f"clawloop demo: {a.method}, preference={a.preference}, {a.wording} wording")
     if png:
         print(f"demo: wrote {out} and {png}", flush=True)
-    print(f"method={a.method} baseline={baseline:.2f} final={final:.2f} updates={result['updates']} "
-          f"minutes={minutes:.1f}")
+    verdicts = "/".join(f"{judged.get(k, 0):.0f}" for k in ("judge_score_pos", "judge_score_zero", "judge_score_neg"))
+    print(f"method={a.method} wording={a.wording} preference={a.preference} baseline={baseline:.2f} "
+          f"final={final:.2f} updates={result['updates']} minutes={minutes:.1f} "
+          f"judged(+1/0/-1)={verdicts} hints={judged.get('judge_hints', 0):.0f}")
     return 0

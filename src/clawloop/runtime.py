@@ -25,18 +25,10 @@ import uvicorn
 from clawloop.config import Config, redacted, write_resolved
 from clawloop.engines import make_engine
 from clawloop.gateway import check_bind, create_app
+from clawloop.naming import open_store, store_path  # noqa: F401 (re-exported: `from clawloop.runtime import ...`)
 from clawloop.store import Store
 
 log = logging.getLogger("clawloop")
-
-
-def store_path(cfg: Config) -> Path:
-    return Path(cfg.data_dir) / "clawloop.db"
-
-
-def open_store(cfg: Config) -> Store:
-    Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
-    return Store(store_path(cfg))
 
 
 def build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, store: Store | None = None):

@@ -2,7 +2,8 @@
 
 A generator is a file named `*_generator.py` that defines `TASK_TYPE` (a
 string, unique) and `run_rollout(data)`, and may define the five hooks of
-`clawloop.buffer.hooks`. The built-in generators (`clawloop/generators/`) are
+`clawloop.buffer.hooks`; or a function named by `--rollout-function-path`
+(`clawloop.buffer.custom`), found beside the files. The built-in generators (`clawloop/generators/`) are
 always found; files in the user's `--generator-dir` are found beside them, and
 a user file whose TASK_TYPE equals a built-in one replaces the built-in (so
 slime's own `math` generator can be dropped in). Two user files with the same
@@ -11,6 +12,7 @@ that cannot take the arguments the buffer passes, is a `GeneratorError` that
 names every offending file.
 
     gens = discover_generators("my_generators/")   # {task_type: Generator}
+    gens = discover_generators(None, rollout_function_path="my_rollout.py:run")
     path = write_generator_template("coding", "my_generators/")
 """
 
@@ -50,6 +52,8 @@ class Generator:
     custom_hooks: tuple[str, ...] = ()
     """Names of the hooks the file defines itself (the rest are defaults)."""
     builtin: bool = False
+    entry: str | None = None
+    """What the child process runs: a `--rollout-function-path` spec; None: the file's `run_rollout`."""
 
 
 def load_module(path: Path) -> ModuleType:
@@ -100,6 +104,14 @@ def inspect_file(path: Path, builtin: bool = False) -> tuple[Generator | None, l
         problems.append(f"{path}: does not define run_rollout(data)")
     elif not callable(run) or not _accepts(run, 1):
         problems.append(f"{path}: run_rollout must be a function taking one argument (data)")
+    hooks, custom = _hooks(module, path, problems)
+    if problems:
+        return None, problems
+    return Generator(task_type, Path(path).resolve(), run, hooks, tuple(custom), builtin), []
+
+
+def _hooks(module: Any, path: Path, problems: list[str]) -> tuple[dict[str, Callable[..., Any]], list[str]]:
+    """The module's hooks over the defaults, and the names it defines itself; problems appended."""
     hooks = dict(DEFAULT_HOOKS)
     custom = []
     for name in HOOK_NAMES:
@@ -112,9 +124,20 @@ def inspect_file(path: Path, builtin: bool = False) -> tuple[Generator | None, l
             continue
         hooks[name] = fn
         custom.append(name)
+    return hooks, custom
+
+
+def rollout_function_generator(spec: str) -> Generator:
+    """A `--rollout-function-path` spec as a Generator (see clawloop.buffer.custom)."""
+    from clawloop.buffer.custom import rollout_function
+
+    task_type, source, entry, module = rollout_function(spec)
+    problems: list[str] = []
+    hooks, custom = _hooks(module, source, problems)
     if problems:
-        return None, problems
-    return Generator(task_type, Path(path).resolve(), run, hooks, tuple(custom), builtin), []
+        raise GeneratorError("--rollout-function-path: " + "; ".join(problems))
+    run = getattr(module, entry.rpartition(":")[2])
+    return Generator(task_type, source, run, hooks, tuple(custom), False, entry)
 
 
 def generator_files(directory: str | Path) -> list[Path]:
@@ -124,9 +147,10 @@ def generator_files(directory: str | Path) -> list[Path]:
     return sorted(d.glob(PATTERN))
 
 
-def discover_generators(generator_dir: str | Path | None = None, *,
-                        include_builtin: bool = True) -> dict[str, Generator]:
-    """Every generator in the built-in folder and in `generator_dir`, by TASK_TYPE.
+def discover_generators(generator_dir: str | Path | None = None, *, include_builtin: bool = True,
+                        rollout_function_path: str = "") -> dict[str, Generator]:
+    """Every generator in the built-in folder and in `generator_dir`, plus the
+    `rollout_function_path` function, by TASK_TYPE.
 
     Raises GeneratorError listing every broken file and every duplicate TASK_TYPE."""
     problems: list[str] = []
@@ -157,6 +181,17 @@ def discover_generators(generator_dir: str | Path | None = None, *,
             if task_type in found:
                 log.info("generator %s replaces the built-in %r generator", gen.path, task_type)
             found[task_type] = gen
+    if rollout_function_path:
+        try:
+            gen = rollout_function_generator(rollout_function_path)
+        except ConfigError as e:  # PluginError or GeneratorError: say which flag
+            problems.append(str(e))
+        else:
+            if gen.task_type in found and not found[gen.task_type].builtin:
+                problems.append(f"duplicate TASK_TYPE {gen.task_type!r} in {found[gen.task_type].path} and "
+                                f"--rollout-function-path {rollout_function_path}")
+            else:
+                found[gen.task_type] = gen
     if problems:
         raise GeneratorError("generator discovery failed:\n  " + "\n  ".join(problems))
     return found

@@ -1,6 +1,6 @@
 """Running one generator's `run_rollout(data)` in a child process we can stop.
 
-The buffer starts `python -c <runner.main> FILE PAYLOAD_JSON` in a
+The buffer starts `python -c <runner.main> FILE PAYLOAD_JSON [ENTRY]` in a
 new session (its own process group), so `/stop_rollout` can end the
 generator and every worker process it forked, and nothing else: the signal
 goes to that group only. Output goes to a log file under the data dir.
@@ -38,7 +38,9 @@ class RolloutProcess:
         self.stopped = False
 
     @classmethod
-    def start(cls, task_type: str, path: Path, payload: dict[str, Any], log_dir: Path) -> "RolloutProcess":
+    def start(cls, task_type: str, path: Path, payload: dict[str, Any], log_dir: Path,
+              entry: str | None = None) -> "RolloutProcess":
+        """`entry`: a `--rollout-function-path` spec to run instead of the file's `run_rollout`."""
         log_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_path = log_dir / f"{task_type}-{stamp}-{os.getpid()}-{int(time.time() * 1000) % 100000}.log"
@@ -47,7 +49,7 @@ class RolloutProcess:
         payload_path.write_text(json.dumps(payload, default=str))
         with open(log_path, "ab") as log_file:
             popen = subprocess.Popen(
-                [sys.executable, "-u", "-c", _CHILD, str(path), str(payload_path)],
+                [sys.executable, "-u", "-c", _CHILD, str(path), str(payload_path), *([entry] if entry else [])],
                 stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # own process group: stop() reaches the generator's workers too
             )
@@ -102,13 +104,20 @@ class RolloutProcess:
 def main(argv: list[str]) -> int:
     from clawloop.buffer.discovery import load_module
 
-    path, payload_path = argv
+    path, payload_path, *entry = argv
     data = json.loads(Path(payload_path).read_text())
-    module = load_module(Path(path))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    print(f"clawloop buffer: running {path} (TASK_TYPE={getattr(module, 'TASK_TYPE', '?')}) pid={os.getpid()}",
-          flush=True)
-    module.run_rollout(data)
+    if entry:
+        from clawloop.plugins import load_callable
+
+        run = load_callable(entry[0], what="--rollout-function-path")
+        print(f"clawloop buffer: running {entry[0]} pid={os.getpid()}", flush=True)
+    else:
+        module = load_module(Path(path))
+        run = module.run_rollout
+        print(f"clawloop buffer: running {path} (TASK_TYPE={getattr(module, 'TASK_TYPE', '?')}) pid={os.getpid()}",
+              flush=True)
+    run(data)
     print("clawloop buffer: run_rollout returned", flush=True)
     return 0
 

@@ -152,7 +152,11 @@ class RolloutBuffer:
         b = cfg.buffer
         self.data_dir = Path(cfg.data_dir)
         self.generator_dir = b.generator_dir or None
-        self.generators: dict[str, Generator] = discover_generators(self.generator_dir)
+        self.generators: dict[str, Generator] = self.discover()
+        if b.custom_generate_function_path:  # a broken spec fails the start, not the first rollout
+            from clawloop.buffer.custom import check_generate_function
+
+            check_generate_function(b.custom_generate_function_path)
         self.default_spec = TaskSpec(max(1, cfg.train.n_samples_per_prompt), b.group_timeout_s, b.min_group_ratio)
         self.store = BufferStore(self.data_dir / "buffer.db", self.default_spec)
         self.rollouts: dict[str, RolloutProcess] = {}
@@ -182,11 +186,14 @@ class RolloutBuffer:
         return await fut
 
     # -- rollouts -----------------------------------------------------------------
+    def discover(self) -> dict[str, Generator]:
+        return discover_generators(self.generator_dir, rollout_function_path=self.cfg.buffer.rollout_function_path)
+
     def start_rollout(self, payload: dict[str, Any], self_url: str) -> dict[str, Any]:
         task_type = payload.get("task_type")
         if not isinstance(task_type, str) or not task_type:
             raise BadInput(422, "task_type is required (the TASK_TYPE of a generator)")
-        self.generators = discover_generators(self.generator_dir)  # GeneratorError -> 500 by the caller
+        self.generators = self.discover()  # GeneratorError -> 500 by the caller
         gen = self.generators.get(task_type)
         if gen is None:
             raise BadInput(404, f"no generator for task_type {task_type!r}; available: "
@@ -201,6 +208,8 @@ class RolloutBuffer:
         data = dict(payload)
         data.setdefault("remote_buffer_url", self_url)
         data.setdefault("remote_engine_url", f"http://{self.cfg.serve.host}:{self.cfg.serve.port}/v1")
+        if b.custom_generate_function_path:
+            data.setdefault("custom_generate_function_path", b.custom_generate_function_path)
         with self._lock:
             running = self.rollouts.get(task_type)
             if running is not None and running.running():
@@ -208,7 +217,7 @@ class RolloutBuffer:
                                     "POST /stop_rollout first")
             masked = {k: ("***" if "key" in k.lower() else v) for k, v in data.items()}
             self.store.register_task(task_type, spec, masked)
-            proc = RolloutProcess.start(task_type, gen.path, data, self.data_dir / "rollouts")
+            proc = RolloutProcess.start(task_type, gen.path, data, self.data_dir / "rollouts", entry=gen.entry)
             self.rollouts[task_type] = proc
         log.info("rollout %s started: %s pid %d group size %d, log %s", task_type, gen.path, proc.pid,
                  spec.group_size, proc.log_path)

@@ -36,7 +36,8 @@ Payload keys read (slime's names; numbers may be strings): remote_engine_url,
 remote_buffer_url, input_file, num_repeat_per_sample, max_tokens, sampling_params
 {temperature, top_p, max_tokens}, num_process (concurrent requests), num_epoch,
 skip_instance_ids; clawloop extras: model, api_key, max_retries, max_continuations,
-request_timeout_s.
+request_timeout_s, custom_generate_function_path (`--custom-generate-function-path`:
+answers come from that function instead of the gateway, see clawloop.buffer.custom).
 """
 
 from __future__ import annotations
@@ -162,6 +163,11 @@ class MathRollout:
         self.latest_version: int | None = None
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
+        self.generate_fn = None
+        if data.get("custom_generate_function_path"):
+            from clawloop.buffer.custom import GenerateFunction
+
+            self.generate_fn = GenerateFunction(str(data["custom_generate_function_path"]))
 
     # -- HTTP with retries ----------------------------------------------------------
     def _post(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response | None:
@@ -262,9 +268,24 @@ class MathRollout:
             out.update(prompt_ids=list(prompt_ids), response_ids=resp_ids, response_logprobs=logprobs)
         return out
 
+    def generate(self, messages: list[dict[str, Any]], problem: dict[str, Any]) -> dict[str, Any] | None:
+        """One answer from the `--custom-generate-function-path` function (a failure skips the sample)."""
+        assert self.generate_fn is not None
+        try:
+            res = self.generate_fn(messages, label=problem.get("label"), data=self.data,
+                                   sampling={"max_tokens": self.max_tokens, **self.sampling},
+                                   metadata={"instance_id": problem["instance_id"]})
+        except Exception as e:  # noqa: BLE001 - the user's function: log it, skip the sample
+            _log(f"custom generate {self.generate_fn.spec} failed: {type(e).__name__}: {e}")
+            self._count("failed_calls")
+            return None
+        for v in res["policy_versions"]:
+            self._see_version(v)
+        return {**res, "continuations": 0}
+
     def make_item(self, problem: dict[str, Any]) -> dict[str, Any] | None:
         messages = problem.get("messages") or [{"role": "user", "content": problem["prompt"]}]
-        res = self.complete(messages)
+        res = self.complete(messages) if self.generate_fn is None else self.generate(messages, problem)
         if res is None:
             return None
         label = problem.get("label")

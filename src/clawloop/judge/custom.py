@@ -1,171 +1,206 @@
-"""Custom reward functions: `--custom-rm-path file.py:fn` or `pkg.module:fn`.
+"""Custom reward functions (`--custom-rm-path`): three signatures users already have.
 
-The function receives the stored Turn and returns a float or a Judgement,
-synchronously or as a coroutine:
+Which kind a plugin is, is read from it when the judge is built; one that fits
+none fails then, showing all three:
 
-    def reward(turn: clawloop.records.Turn) -> float | clawloop.records.Judgement
+1. clawloop's:   def reward(turn: clawloop.records.Turn) -> float | clawloop.records.Judgement
+   (or `async def`). Gets the stored Turn: messages, response text and tool
+   calls, token ids, next_state.
 
-Accepted spellings: `path/to/file.py:fn`, `pkg.module:fn`, `pkg.module.fn`
-(slime style: the last dotted name is the function when the whole path is
-not a module), and `file.py` or `pkg.module` alone (the function is then
-named `reward`). The signature is checked when the judge is built, so a
-wrong one fails at start, showing the expected signature.
+2. The OpenClaw-RL README's reward model (a function named `get_reward_model`):
 
-A float becomes its sign (score +1, -1 or 0: the store keeps integer
-scores). A returned Judgement keeps its votes and hint; its turn id and
-judge name are set by clawloop. Sync functions run in a worker thread (they
-may be called concurrently from `num_workers` threads). Anything else
-returned (None, NaN, a string) raises `JudgeUnavailable`: the turn stays
-pending and the error is logged, rather than a wrong score being stored.
+       def get_reward_model(config) -> obj   # obj.score(prompt, response, next_state) -> float
+
+   `get_reward_model` is called once, when the judge starts, with a dict:
+   `prm_model_path` and `judge_model_path` (both --judge-model, i.e.
+   PRM_MODEL_PATH / JUDGE_MODEL_PATH), `model_path` (the policy), `data_dir`,
+   `majority_vote_n`, `majority_vote_threshold`. `obj.score` gets the last user
+   message, the assistant's reply (text, then its tool calls) and the next
+   state's text, as strings; it runs in a worker thread.
+
+3. slime's:      async def reward_func(args, sample, **kwargs) -> float | {"score": float}
+   (recognised by two positional parameters; a sync function is fine too).
+   `sample` is a `RewardSample` with slime's field names (`prompt` = the
+   request's messages, `response`, `tokens`, `response_length`, `label`,
+   `metadata` with `next_state`, `session_id`, `turn_index`, `tool_calls`,
+   `policy_version`); `args` a namespace of the same values as case 2's config.
+
+Spellings of the spec are `clawloop.plugins`'s (file.py:fn, pkg.module:fn,
+slime's pkg.module.fn, or a file / module alone: then `reward`, else
+`get_reward_model`).
+
+Values: a finite number is the reward. It is stored as is (`Judgement.reward`,
+what Binary RL trains on, so 0.3 stays 0.3) and its sign is the verdict
+(`Judgement.score`, for votes, metrics and the collapse check). A returned
+Judgement keeps its votes and hint (its turn id and judge name are set by
+clawloop). Anything else (None, NaN, a string) raises `JudgeUnavailable`: the
+turn stays pending and the error is logged, rather than a wrong score stored.
+Sync functions run in a worker thread, possibly `num_workers` at once.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import importlib
-import importlib.util
 import inspect
 import math
-import sys
+import numbers
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from clawloop.config import ConfigError
-from clawloop.judge.base import JudgeUnavailable
+from clawloop.judge.base import JudgeUnavailable, last_user_message, response_of, text_of
+from clawloop.plugins import PluginError, accepts, describe, is_async, load_callable
 from clawloop.records import Judgement, Turn
 
-DEFAULT_NAME = "reward"
-EXPECTED = ("def reward(turn: clawloop.records.Turn) -> float | clawloop.records.Judgement"
-            "   (or `async def`)")
+FLAG = "--custom-rm-path"
+DEFAULT_NAMES = ("reward", "get_reward_model")
+FACTORY_NAME = "get_reward_model"
+EXPECTED = ("def reward(turn: clawloop.records.Turn) -> float | clawloop.records.Judgement   (or `async def`)\n"
+            "    def get_reward_model(config) -> obj with obj.score(prompt, response, next_state) -> float   "
+            "(OpenClaw-RL)\n"
+            "    async def reward_func(args, sample, **kwargs) -> float   (slime)")
 
 
-def _load_file(path: Path) -> Any:
-    if not path.is_file():
-        raise ConfigError(f"--custom-rm-path: no such file {str(path)!r}")
-    mod_name = f"clawloop_custom_rm_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"--custom-rm-path: cannot import {str(path)!r}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        sys.modules.pop(mod_name, None)
-        raise ConfigError(f"--custom-rm-path: importing {str(path)!r} failed: {type(e).__name__}: {e}") from e
-    return module
+@dataclass
+class RewardSample:
+    """A stored turn under slime's `Sample` field names, for slime-style reward functions."""
+
+    prompt: list[dict[str, Any]]
+    response: str
+    tokens: list[int] = field(default_factory=list)
+    response_length: int = 0
+    label: Any = None
+    reward: Any = None
+    rollout_log_probs: list[float] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    index: int | None = None
+    status: str = "completed"
+
+    @classmethod
+    def from_turn(cls, turn: Turn) -> "RewardSample":
+        return cls(prompt=list(turn.messages), response=response_of(turn),
+                   tokens=list(turn.prompt_ids) + list(turn.response_ids), response_length=len(turn.response_ids),
+                   rollout_log_probs=list(turn.response_logprobs), index=turn.id,
+                   metadata={"next_state": turn.next_state, "session_id": turn.session_id, "turn_index": turn.index,
+                             "tool_calls": turn.tool_calls, "policy_version": turn.policy_version})
 
 
-def _import(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError:
-        raise
-    except Exception as e:
-        raise ConfigError(f"--custom-rm-path: importing {name!r} failed: {type(e).__name__}: {e}") from e
+def plugin_config(cfg: Any) -> dict[str, Any]:
+    """What a reward model factory (and slime's `args`) gets: the judge's model and votes, the policy."""
+    j = getattr(cfg, "judge", cfg)
+    model = getattr(cfg, "model", None)
+    return {"prm_model_path": j.model, "judge_model_path": j.model,
+            "model_path": getattr(model, "path", "") if model is not None else "",
+            "data_dir": getattr(cfg, "data_dir", ""), "majority_vote_n": j.majority_vote_n,
+            "majority_vote_threshold": j.majority_vote_threshold, "custom_rm_path": j.custom_rm_path}
 
 
-def load_callable(spec: str) -> Callable[..., Any]:
-    """Resolve `spec` (see the module docstring) to the function, without checking its signature."""
-    spec = spec.strip()
-    if not spec:
-        raise ConfigError("--custom-rm-path: empty")
-    target, _, fn_name = spec.rpartition(":") if ":" in spec and not _is_drive(spec) else (spec, "", "")
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        module = _load_file(Path(target))
-    else:
-        try:
-            module = _import(target)
-        except ModuleNotFoundError as e:
-            mod_name, _, attr = target.rpartition(".")
-            if fn_name or not mod_name:
-                raise ConfigError(f"--custom-rm-path: no module {target!r} ({e})") from e
-            try:
-                module = _import(mod_name)
-            except ModuleNotFoundError as e2:
-                raise ConfigError(f"--custom-rm-path: no module {target!r} or {mod_name!r} ({e2})") from e2
-            fn_name = attr
-    fn_name = fn_name or DEFAULT_NAME
-    fn = getattr(module, fn_name, None)
-    if fn is None:
-        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise ConfigError(f"--custom-rm-path {spec}: no function {fn_name!r} (found: {', '.join(found) or 'none'}); "
-                          f"expected:\n    {EXPECTED}")
-    return fn
-
-
-def _is_drive(spec: str) -> bool:
-    """`C:\\rm.py` is a Windows path, not `module:fn`."""
-    return len(spec) > 2 and spec[1] == ":" and spec[0].isalpha() and spec[2] in "\\/" and spec.count(":") == 1
-
-
-def check_signature(fn: Any, spec: str) -> None:
-    """Fail unless `fn` can be called as `fn(turn)`."""
-    if not callable(fn):
-        raise ConfigError(f"--custom-rm-path {spec}: {fn!r} is not callable; expected:\n    {EXPECTED}")
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return  # builtins without a signature: trust them
-    try:
-        sig.bind(object())
-    except TypeError:
-        name = getattr(fn, "__name__", "fn")
-        raise ConfigError(f"--custom-rm-path {spec}: {name}{sig} cannot be called with one argument (the turn); "
-                          f"expected:\n    {EXPECTED}") from None
-
-
-def to_score(value: Any) -> int | None:
-    """A reward as a store score: its sign; None when it is not a finite number."""
+def to_reward(value: Any) -> float | None:
+    """A returned reward as a float; None when it is not a finite number. slime's `{"score": x}` too."""
+    if isinstance(value, dict) and "score" in value:
+        value = value["score"]
     if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return (value > 0) - (value < 0)
-    try:
-        import numbers
+        return float(value)
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if hasattr(value, "item") and callable(value.item):  # a one-element tensor or array
+        try:
+            return to_reward(value.item())
+        except (TypeError, ValueError):
+            return None
+    return None
 
-        if isinstance(value, numbers.Real) and math.isfinite(float(value)):
-            f = float(value)
-            return (f > 0) - (f < 0)
-    except (TypeError, ValueError):
-        pass
+
+def sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+def _kind(fn: Any, name: str) -> str | None:
+    if name == FACTORY_NAME:
+        return "factory" if accepts(fn, 1) else None
+    if accepts(fn, 1):
+        return "turn"
+    if accepts(fn, 2):
+        return "slime"
     return None
 
 
 class CustomJudge:
-    """Wraps a user reward function as a Judge; see the module docstring."""
+    """A user reward plugin as a Judge; see the module docstring."""
 
-    def __init__(self, spec: str):
+    def __init__(self, spec: str, cfg: Any = None):
         self.spec = spec
-        self.fn = load_callable(spec)
-        check_signature(self.fn, spec)
         self.name = f"custom:{spec}"
-        self._is_async = inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
-            getattr(self.fn, "__call__", None))
+        fn = load_callable(spec, default_name=DEFAULT_NAMES, what=FLAG)
+        fn_name = getattr(fn, "__name__", "")
+        self.kind = _kind(fn, fn_name)
+        if self.kind is None:
+            raise PluginError(f"{FLAG} {spec}: {describe(fn)} fits no accepted signature; expected one of:\n"
+                              f"    {EXPECTED}")
+        self.config = plugin_config(cfg) if cfg is not None else {}
+        if self.kind == "turn" and self.config.get("prm_model_path"):
+            raise ConfigError(
+                f"judge.model: --judge-model / PRM_MODEL_PATH / JUDGE_MODEL_PATH is "
+                f"{self.config['prm_model_path']!r}, but {FLAG} {spec} is `reward(turn)`, which receives no model: "
+                f"define get_reward_model(config) instead (it gets config['prm_model_path']), or unset it")
+        self.fn: Callable[..., Any] = fn
+        if self.kind == "factory":
+            self.fn = self._build_model(fn)
+        self.args = argparse.Namespace(**self.config)
+        self._is_async = is_async(self.fn)
+
+    def _build_model(self, factory: Callable[..., Any]) -> Callable[..., Any]:
+        try:
+            model = factory(dict(self.config))
+        except Exception as e:
+            raise ConfigError(f"{FLAG} {self.spec}: get_reward_model(config) failed: {type(e).__name__}: {e} "
+                              f"(config['prm_model_path'] = {self.config.get('prm_model_path')!r}: "
+                              f"set PRM_MODEL_PATH or --judge-model)") from e
+        score = getattr(model, "score", None)
+        if not callable(score) or not accepts(score, 3):
+            raise PluginError(f"{FLAG} {self.spec}: get_reward_model(config) returned {type(model).__name__}, "
+                              f"which has no score(prompt, response, next_state) method")
+        return score
+
+    def _call(self, turn: Turn) -> Any:
+        if self.kind == "turn":
+            return self.fn(turn)
+        if self.kind == "slime":
+            return self.fn(self.args, RewardSample.from_turn(turn))
+        return self.fn(last_user_message(turn.messages) or "", response_of(turn),
+                       text_of((turn.next_state or {}).get("content")))
 
     async def judge(self, turn: Turn) -> Judgement:
         t0 = time.perf_counter()
         if self._is_async:
-            out = await self.fn(turn)
+            out = await self._call(turn)
         else:
-            out = await asyncio.to_thread(self.fn, turn)
+            out = await asyncio.to_thread(self._call, turn)
             if inspect.isawaitable(out):
                 out = await out
         turn_id = turn.id if turn.id is not None else -1
         latency = time.perf_counter() - t0
         if isinstance(out, Judgement):
-            score = to_score(out.score)
-            if score is None:
-                raise JudgeUnavailable(f"custom reward {self.spec}: Judgement.score={out.score!r} is not a number")
-            out.turn_id, out.judge, out.score = turn_id, self.name, score
-            out.votes = out.votes or [score]
+            value = to_reward(out.value)
+            if value is None:
+                raise JudgeUnavailable(f"custom reward {self.spec}: Judgement.score={out.score!r} "
+                                       f"reward={out.reward!r} is not a number")
+            out.turn_id, out.judge = turn_id, self.name
+            out.score = sign(value)
+            out.reward = value if value != out.score else None
+            out.votes = out.votes or [out.score]
             out.latency_s = out.latency_s or latency
             return out
-        score = to_score(out)
-        if score is None:
-            raise JudgeUnavailable(f"custom reward {self.spec} returned {out!r}; expected:\n    {EXPECTED}")
-        return Judgement(turn_id=turn_id, score=score, votes=[score], judge=self.name, latency_s=latency)
+        value = to_reward(out)
+        if value is None:
+            raise JudgeUnavailable(f"custom reward {self.spec} returned {out!r}; expected a finite number "
+                                   f"(signatures:\n    {EXPECTED})")
+        score = sign(value)
+        return Judgement(turn_id=turn_id, score=score, votes=[score], judge=self.name, latency_s=latency,
+                         reward=value if value != score else None)
 
     async def close(self) -> None:
         return None

@@ -12,11 +12,20 @@ combined by `voting.majority_vote`:
 The hint is the longest `[HINT_START]...[HINT_END]` text over 10 characters
 among hint replies that end in `\\boxed{1}` (`voting.select_hint`).
 
+Thinking judges: a reply's `reasoning_content` (vLLM, SGLang) or `reasoning`
+(OpenRouter-style) field is read as well as `content`, `<think>...</think>`
+blocks inline in `content` are taken apart, and the verdict comes from the
+answer, else from the reasoning (`voting.judged_text`). Replies may be
+`max_tokens` long (`--judge-max-tokens`, default 4096: thinking models need
+thousands); a reply cut at that limit (finish_reason "length") that gave no
+verdict is counted in `judge/replies_truncated`, and its reasoning is not read
+(it never finished).
+
 Failures: an HTTP error, a refused connection, or a reply that is not a chat
 completion raises `JudgeUnavailable`; the judge loop retries and, failing
 that, leaves the turn pending. A Judgement whose votes are all malformed is
-returned as is (score 0, malformed = N) and the loop treats it as garbage
-(pending, retried later), so a judge that only rambles never writes zeros.
+returned as is (score 0, malformed = N) and the loop treats it as garbage:
+retried later, up to `judge.max_malformed` replies, then stored as 0.
 
 Backends:
 - `HTTPChatBackend(url, model, api_key)`: POST {url}/chat/completions (a
@@ -36,11 +45,12 @@ from urllib.parse import urlparse
 
 from clawloop.judge.base import JudgeUnavailable, response_of
 from clawloop.judge.prompts import hint_messages, score_messages
-from clawloop.judge.voting import majority_vote, parse_boxed, parse_hint, select_hint
+from clawloop.judge.voting import BOX, judged_text, majority_vote, parse_boxed, parse_hint, select_hint, split_thinking
+from clawloop.naming import url_judge_name
 from clawloop.records import Judgement, Turn
 
-MAX_REPLY_TOKENS = 512
-"""Longest judge reply, in tokens (reasoning plus the boxed verdict)."""
+MAX_REPLY_TOKENS = 4096
+"""Longest judge reply by default, in tokens (reasoning plus the boxed verdict); `judge.max_tokens`."""
 
 
 class ChatBackend(Protocol):
@@ -69,6 +79,9 @@ class HTTPChatBackend:
 
         self.url = chat_completions_url(url)
         self.model = model
+        self.replies = 0
+        self.truncated = 0
+        """Replies cut at max_tokens (finish_reason "length") without an answer that holds a verdict."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), headers=headers)
         self._httpx = httpx
@@ -95,10 +108,23 @@ class HTTPChatBackend:
         if r.status_code >= 400:
             raise JudgeUnavailable(f"judge at {self.url}: HTTP {r.status_code}: {r.text[:200]}")
         try:
-            content = r.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError) as e:
+            choice = r.json()["choices"][0]
+            message = choice["message"]
+            content = message.get("content")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise JudgeUnavailable(f"judge at {self.url}: not a chat completion: {r.text[:200]!r}") from e
-        return content if isinstance(content, str) else ""
+        content = content if isinstance(content, str) else ""
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        reasoning = reasoning if isinstance(reasoning, str) else ""
+        self.replies += 1
+        if choice.get("finish_reason") == "length" and BOX not in split_thinking(content)[0]:
+            self.truncated += 1
+            reasoning = ""  # cut off while thinking: whatever it was about to conclude is unknown
+            content = split_thinking(content)[0]
+        return judged_text(content, reasoning)
+
+    def stats(self) -> dict[str, float]:
+        return {"judge/replies": float(self.replies), "judge/replies_truncated": float(self.truncated)}
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -112,6 +138,8 @@ class EngineChatBackend:
         self.owns_engine = owns_engine
         self._started = not owns_engine
         self._lock = asyncio.Lock()
+        self.replies = 0
+        self.truncated = 0
 
     async def complete(self, messages: list[dict[str, Any]], *, temperature: float, max_tokens: int) -> str:
         from clawloop.engines.base import GenerationRequest, SamplingParams
@@ -138,7 +166,15 @@ class EngineChatBackend:
                     ids.append(ev.token_id)
         except RuntimeError as e:  # engine stopped or a failed step
             raise JudgeUnavailable(f"judge engine: {e}") from e
-        return tok.decode(ids, skip_special_tokens=True)
+        text = tok.decode(ids, skip_special_tokens=True)
+        self.replies += 1
+        if len(ids) >= max_tokens and BOX not in split_thinking(text)[0]:
+            self.truncated += 1
+            text = split_thinking(text)[0]
+        return judged_text(text)
+
+    def stats(self) -> dict[str, float]:
+        return {"judge/replies": float(self.replies), "judge/replies_truncated": float(self.truncated)}
 
     async def close(self) -> None:
         if self.owns_engine and self._started:
@@ -184,9 +220,13 @@ class LLMJudge:
                          judge=self.name, latency_s=time.perf_counter() - t0,
                          malformed=sum(v is None for v in votes))
 
+    def stats(self) -> dict[str, float]:
+        fn = getattr(self.backend, "stats", None)
+        return fn() if callable(fn) else {}
+
     async def close(self) -> None:
         await self.backend.close()
 
 
-def url_judge_name(url: str, model: str) -> str:
-    return f"url:{model or urlparse(url).netloc or url}"
+__all__ = ["ChatBackend", "EngineChatBackend", "HTTPChatBackend", "LLMJudge", "MAX_REPLY_TOKENS",
+           "chat_completions_url", "url_judge_name"]

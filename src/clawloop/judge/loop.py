@@ -15,12 +15,18 @@ Failures never drop a turn. Each attempt gets `timeout_s`; a failed attempt
 (again with exponential backoff, per turn) and is fetched again later.
 Meanwhile the feeder keeps feeding newer turns, and serving never waits on
 any of this: store reads run in a thread, writes go to the store's writer.
+A judge that is down is waited for without limit. A judge that answers but
+never gives a verdict (a thinking model cut off at --judge-max-tokens, a
+model that ignores the format) is not: after `max_malformed` such replies for
+one turn it is stored as 0 with every vote malformed (`judge/gave_up`), and a
+warning says why (`judge/replies_truncated` counts replies cut at the limit).
 
 Metrics (`stats()`, namespaced `judge/`): judged, pending, failures,
 score histogram, latency, malformed-vote rate, vote agreement, queue depth,
-oldest pending age. When the last `COLLAPSE_WINDOW` scores are more than
-`COLLAPSE_ZERO_FRACTION` zeros, or all the same, `judge/score_collapse` is 1
-and a warning is logged: a constant score is a dead learning signal.
+oldest pending age. When the last `COLLAPSE_WINDOW` rewards are more than
+`COLLAPSE_ZERO_FRACTION` zeros, or all the same (continuous rewards too),
+`judge/score_collapse` is 1 and a warning is logged: a constant score is a
+dead learning signal.
 
 `run_judge_service(cfg)` is `clawloop judge --data-dir D`: the same loop on
 its own, for a judge on another machine than the gateway.
@@ -39,6 +45,7 @@ from typing import Any, Callable
 from clawloop.config import ConfigError
 from clawloop.judge.base import Judge, JudgeUnavailable
 from clawloop.judge.voting import vote_agreement
+from clawloop.naming import judge_name, store_path
 from clawloop.records import Judgement, Turn
 
 log = logging.getLogger(__name__)
@@ -61,25 +68,26 @@ def _judge_section(cfg: Any) -> Any:
     return getattr(cfg, "judge", cfg)
 
 
-def judge_name(cfg: Any) -> str:
-    """The store key of the judge `cfg` configures (what the trainer reads judgements by)."""
-    j = _judge_section(cfg)
-    if j.custom_rm_path:
-        return f"custom:{j.custom_rm_path}"
-    if j.kind == "url":
-        from clawloop.judge.llm import url_judge_name
-
-        return url_judge_name(j.url, j.model)
-    return j.kind
+MODEL_KEYS = "--judge-model / JUDGE_MODEL_PATH / PRM_MODEL_PATH"
 
 
 def make_judge(cfg: Any, engine: Any = None) -> Judge:
-    """The judge `cfg` asks for. `engine` is the served engine (`--judge self`)."""
+    """The judge `cfg` asks for. `engine` is the served engine (`--judge self`).
+
+    `judge.model` is honoured or refused, never ignored: the model name sent to `--judge url`, the
+    folder `--judge frozen` loads, `config['prm_model_path']` of a reward model factory; with the
+    offline judge, `--judge self` or a `reward(turn)` plugin it is a ConfigError naming the key."""
     j = _judge_section(cfg)
     if j.custom_rm_path:
         from clawloop.judge.custom import CustomJudge
 
-        return CustomJudge(j.custom_rm_path)
+        return CustomJudge(j.custom_rm_path, cfg)
+    if j.kind in ("offline", "self") and j.model:
+        what = "the offline judge reads rules, no model" if j.kind == "offline" else \
+            "--judge self judges with the served policy"
+        raise ConfigError(f"judge.model: {MODEL_KEYS} is {j.model!r}, but {what}. To judge with that model: "
+                          "--judge frozen (a local model folder), --judge url --judge-url URL (a served model of "
+                          "that name), or --custom-rm-path with get_reward_model(config); else unset it")
     if j.kind == "offline":
         from clawloop.judge.offline import OfflineJudge
 
@@ -100,23 +108,27 @@ def make_judge(cfg: Any, engine: Any = None) -> Judge:
     elif j.kind == "frozen":
         if not hasattr(cfg, "model"):
             raise ConfigError("judge.kind: --judge frozen needs the full config (the base model path)")
+        if j.model and not Path(j.model).expanduser().is_dir():
+            raise ConfigError(f"judge.model: --judge frozen loads a local model folder, and {j.model!r} ({MODEL_KEYS}) "
+                              "is not one. A model served elsewhere: --judge url --judge-url URL --judge-model NAME; "
+                              "the policy's own base weights: unset it")
         backend = EngineChatBackend(_frozen_engine(cfg), owns_engine=True)
     else:
         raise ConfigError(f"judge.kind: unknown judge {j.kind!r}")
     return LLMJudge(backend, name=judge_name(cfg), votes=j.majority_vote_n, threshold=j.majority_vote_threshold,
-                    temperature=j.temperature, hints=j.hints)
+                    temperature=j.temperature, hints=j.hints, max_tokens=j.max_tokens)
 
 
 def _frozen_engine(cfg: Any) -> Any:
-    """A frozen engine of the served backend (`--judge-model` when it is a local folder, else the
-    base model) that no publish ever reaches: with vLLM a server of its own, one replica, no LoRA."""
+    """A frozen engine of the served backend (`--judge-model`, a local folder, else the base
+    model) that no publish ever reaches: with vLLM a server of its own, one replica, no LoRA."""
     import copy
 
     from clawloop.engines import make_engine
 
     c = copy.deepcopy(cfg)
-    if cfg.judge.model and Path(cfg.judge.model).is_dir():
-        c.model.path = cfg.judge.model
+    if cfg.judge.model:
+        c.model.path = str(Path(cfg.judge.model).expanduser())
     c.model.engine_urls, c.model.engine_replicas = [], 1
     c.train.use_lora, c.model.sleep_while_training = False, False
     c.data_dir = str(Path(cfg.data_dir) / "judge-engine")
@@ -144,13 +156,17 @@ class JudgeLoop:
         """Turns saved since the feeder's last store read began (that read may predate the commit)."""
         self._queue: asyncio.Queue[Turn] | None = None
         self._wake: asyncio.Event | None = None
-        self._window: deque[int] = deque(maxlen=collapse_window)
+        self._window: deque[float] = deque(maxlen=collapse_window)
+        """The last rewards saved (`Judgement.value`: a continuous reward, else the score)."""
         self._collapse_warned_at = 0
+        self._malformed: dict[int, int] = {}
+        """Turn id -> replies without a valid verdict so far, until it is judged or given up."""
         # counters
         self.judged = 0
         self.duplicates = 0
         self.failures = 0
         self.garbage = 0
+        self.gave_up = 0
         self.call_errors = 0
         self.hints = 0
         self.scores: Counter[int] = Counter()
@@ -255,18 +271,42 @@ class JudgeLoop:
                 self.call_errors += 1
                 log.warning("judge %s: turn %s: %s", self.name, turn.id, e)
                 continue
+            j.turn_id = turn.id if turn.id is not None else -1
+            j.judge = self.name
             if j.votes and all(v is None for v in j.votes):
                 self.call_errors += 1
                 self.garbage += 1
+                n = self._malformed[turn.id] = self._malformed.get(turn.id, 0) + 1
+                limit = self.cfg.max_malformed
+                if limit and n >= limit:
+                    return self._give_up(turn, j, n)
                 self.votes_total += len(j.votes)
                 self.votes_malformed += len(j.votes)
-                log.warning("judge %s: turn %s: no valid vote in %d replies (malformed)", self.name, turn.id,
-                            len(j.votes))
+                log.warning("judge %s: turn %s: no valid vote in %d replies (malformed, %d of %s)%s", self.name,
+                            turn.id, len(j.votes), n, limit or "unlimited", self._truncation_note())
                 continue
-            j.turn_id = turn.id if turn.id is not None else -1
-            j.judge = self.name
             return j
         return None
+
+    def _give_up(self, turn: Turn, j: Judgement, n: int) -> Judgement:
+        """Store a turn whose judge only answers garbage as 0, every vote malformed, and say so."""
+        self.gave_up += 1
+        j.score, j.reward, j.hint, j.malformed = 0, None, None, len(j.votes)
+        log.warning("JUDGE GAVE UP on turn %s after %d replies without a valid \\boxed{} verdict (judge=%s): "
+                    "stored as 0, all votes malformed (judge/gave_up=%d).%s", turn.id, n, self.name, self.gave_up,
+                    self._truncation_note() or " Check that the judge model follows the verdict format.")
+        return j
+
+    def _truncation_note(self) -> str:
+        cut = self._judge_stats().get("judge/replies_truncated", 0.0)
+        if not cut:
+            return ""
+        return (f" {cut:.0f} judge replies so far were cut at --judge-max-tokens={self.cfg.max_tokens} "
+                "(finish_reason=length): a thinking judge needs more, raise --judge-max-tokens.")
+
+    def _judge_stats(self) -> dict[str, float]:
+        fn = getattr(self.judge, "stats", None)
+        return fn() if callable(fn) else {}
 
     def _cool_down(self, turn: Turn) -> None:
         self.failures += 1
@@ -283,6 +323,7 @@ class JudgeLoop:
         self._recent.add(j.turn_id)
         self._cooling.pop(j.turn_id, None)
         self._failed.pop(j.turn_id, None)
+        self._malformed.pop(j.turn_id, None)
         if not inserted:
             self.duplicates += 1  # another judge process got there first
             return
@@ -298,19 +339,19 @@ class JudgeLoop:
         if agree is not None:
             self.agreement_sum += agree
             self.agreement_n += 1
-        self._observe_score(j.score)
+        self._observe_score(j.value)
 
-    def _observe_score(self, score: int) -> None:
-        self._window.append(score)
+    def _observe_score(self, value: float) -> None:
+        self._window.append(float(value))
         n = len(self._window)
         if n < (self._window.maxlen or 0):
             return
         zeros = sum(s == 0 for s in self._window) / n
-        constant = len(set(self._window)) == 1
+        constant = max(self._window) - min(self._window) <= 1e-6
         self.collapsed = zeros > COLLAPSE_ZERO_FRACTION or constant
         if self.collapsed and self.judged - self._collapse_warned_at >= n:
             self._collapse_warned_at = self.judged
-            what = f"{zeros:.0%} zeros" if zeros > COLLAPSE_ZERO_FRACTION else f"every score {self._window[-1]:+d}"
+            what = f"{zeros:.0%} zeros" if zeros > COLLAPSE_ZERO_FRACTION else f"every reward {self._window[-1]:+.3g}"
             log.warning("JUDGE SCORES COLLAPSED: %s over the last %d judgements (judge=%s). There is no learning "
                         "signal. Check that next states carry real feedback (user replies, tool results), or use "
                         "more majority votes / another judge.", what, n, self.name)
@@ -343,8 +384,19 @@ class JudgeLoop:
             "judge/malformed_vote_rate": self.votes_malformed / max(1, self.votes_total),
             "judge/vote_agreement": self.agreement_sum / max(1, self.agreement_n),
             "judge/window_zero_fraction": (sum(s == 0 for s in window) / len(window)) if window else 0.0,
+            "judge/window_reward_mean": (sum(window) / len(window)) if window else 0.0,
+            "judge/window_reward_std": _std(window),
             "judge/score_collapse": float(self.collapsed),
+            "judge/gave_up": float(self.gave_up),
+            **self._judge_stats(),
         }
+
+
+def _std(xs: list[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5
 
 
 # -- wiring ---------------------------------------------------------------------
@@ -370,7 +422,6 @@ def attach_judge(cfg: Any, engine: Any, store: Any, parts: dict[str, Any],
 
 async def run_judge_service(cfg: Any, stop: asyncio.Event | None = None) -> None:
     """`clawloop judge --data-dir D`: the judge loop alone on D's store, until SIGINT/SIGTERM or `stop`."""
-    from clawloop.runtime import store_path
     from clawloop.store import Store
 
     path = store_path(cfg)

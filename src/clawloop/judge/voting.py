@@ -19,6 +19,13 @@ So with N=3, T=0.5: [1, 1, -1] -> 1; [1, -1, None] -> 0 (tie);
 Hints: the text between the last `[HINT_START]` and the `[HINT_END]` after
 it. Among the votes whose verdict is positive (hint useful), the longest hint
 longer than 10 characters is kept; none -> no hint.
+
+Thinking models: `judged_text` picks what the verdict is read from. The answer
+is the reply outside any `<think>...</think>` block (text after an unclosed
+`<think>`, a reply cut off mid-thought, is neither answer nor read); when the answer holds no
+`\\boxed{`, the reasoning (the `reasoning_content` / `reasoning` field, then
+the closed think blocks) is read instead, so a verdict given only while
+thinking still counts, and one given in the answer always wins.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ HINT_END = "[HINT_END]"
 MIN_HINT_CHARS = 10
 """A kept hint must be longer than this (shorter ones carry no instruction)."""
 
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
 _VALID = {"1": 1, "+1": 1, "-1": -1, "0": 0, "+0": 0, "-0": 0}
 _TEXT_WRAP = re.compile(r"^\\(?:text|mathrm|textbf|mathbf)\{(.*)\}$", re.S)
 
@@ -63,6 +72,40 @@ def parse_boxed(reply: str | None) -> int | None:
         inner = m.group(1).strip()
     inner = inner.replace("\u2212", "-").replace("\u2013", "-").replace(" ", "")
     return _VALID.get(inner)
+
+
+def split_thinking(content: str | None) -> tuple[str, str]:
+    """(answer, thinking) of a reply that may inline its reasoning in `<think>` blocks.
+    Text after an unclosed `<think>` is dropped: thinking cut off before it reached an answer."""
+    answer, thinking = [], []
+    rest = content or ""
+    while True:
+        i = rest.find(THINK_OPEN)
+        j = rest.find(THINK_CLOSE)
+        if j >= 0 and (i < 0 or j < i):  # a close with no open: a template that prefilled "<think>"
+            thinking.append(rest[:j])
+            rest = rest[j + len(THINK_CLOSE):]
+            continue
+        if i < 0:
+            answer.append(rest)
+            break
+        answer.append(rest[:i])
+        rest = rest[i + len(THINK_OPEN):]
+        j = rest.find(THINK_CLOSE)
+        if j < 0:
+            break
+        thinking.append(rest[:j])
+        rest = rest[j + len(THINK_CLOSE):]
+    return "".join(answer).strip(), "\n".join(t.strip() for t in thinking if t.strip())
+
+
+def judged_text(content: str | None, reasoning: str | None = None) -> str:
+    """The text a verdict and a hint are read from (see the module docstring)."""
+    answer, inline = split_thinking(content)
+    if BOX in answer:
+        return answer
+    thinking = "\n".join(t for t in ((reasoning or "").strip(), inline) if t)
+    return f"{thinking}\n{answer}".strip() if thinking else answer
 
 
 def parse_hint(reply: str | None) -> str | None:

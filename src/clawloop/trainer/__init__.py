@@ -17,7 +17,7 @@ __all__ = ["Trainer", "TrainerLoop", "attach_trainer", "judge_name_of", "resolve
 
 def judge_name_of(cfg: Any) -> str:
     """The name the judge loop writes its verdicts under (what the trainer reads)."""
-    from clawloop.judge import judge_name
+    from clawloop.naming import judge_name
 
     return judge_name(cfg)
 

@@ -84,6 +84,7 @@ from clawloop.losses import (
     tis_weights,
     topk_distill_loss,
 )
+from clawloop.losses.plugins import custom_loss_inputs
 from clawloop.records import Sample
 from clawloop.trainer.hints import hint_candidates, longest_hint, pick_by_overlap, topk_overlap
 from clawloop.trainer.metrics import merge_stats
@@ -715,9 +716,10 @@ class Trainer:
         stats = dict(b.fixed_stats)
         terms: list[torch.Tensor] = []
         if use_pg:
+            extra = custom_loss_inputs(b, logits, t) if self.custom_loss is not None else {}  # scores, teacher...
             pg, s = (self.custom_loss or ppo_clip_loss)(
                 lp, b.old, b.adv, b.mask, eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high,
-                dual_clip=t.dual_clip or None, agg=t.loss_agg, denominator=denom, is_weights=b.is_w)
+                dual_clip=t.dual_clip or None, agg=t.loss_agg, denominator=denom, is_weights=b.is_w, **extra)
             terms.append(pg)
             stats.update(s)
         if b.topk_ids is not None:

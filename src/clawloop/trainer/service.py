@@ -24,7 +24,7 @@ def run_trainer_service(cfg: Any, max_steps: int = 0, exit_when_idle: bool = Fal
     until the source has nothing left to make a batch of."""
     store = None
     if cfg.train.source == "store":
-        from clawloop.runtime import open_store, store_path
+        from clawloop.naming import open_store, store_path
 
         if not store_path(cfg).exists():
             from clawloop.config import ConfigError
