@@ -10,8 +10,8 @@ backend, so the hf engine and vLLM build the same grammar from the same object a
 agree on what is valid; its structural tags express "free text, then tool calls whose
 name and arguments follow the offered tools" (`triggered_tags`, with `at_least_one`
 for `tool_choice: required` and `stop_after_first` for `parallel_tool_calls: false`)
-without a hand-written grammar; and its CPU mask fill is a few microseconds per token
-on a small vocabulary (bench/RESULTS.md, "Constrained decoding").
+without a hand-written grammar. Its cost per token is measured in bench/RESULTS.md
+("Constrained decoding").
 
 Per row: a `GrammarMatcher` fills a bitmask of the allowed next ids, the logits of
 every other id become -inf, the sampled id is accepted into the matcher. Compiled
