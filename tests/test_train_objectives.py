@@ -299,14 +299,21 @@ def test_teacher_prompt_keeps_a_continued_assistant_message(random_model_dir, tm
     s = Sample(tokens=prompt + resp, loss_mask=[0] * len(prompt) + [1] * len(resp),
                rollout_logprobs=[0.0] * (len(prompt) + len(resp)), prompt_len=len(prompt), hint="Be brief.",
                messages=msgs)
-    got = tr.teacher_prompt_ids(s, "Be brief.")
-    assert got == render_prompt(tok, teacher_messages(msgs, "Be brief."), None, continue_final=True)
+    plain = samples_for(tok, n=1, hint="Be brief.")[0]
+    seen = []
+    hook = tr.frozen.register_forward_pre_hook(lambda m, a, kw: seen.extend(kw["input_ids"].tolist()),
+                                               with_kwargs=True)
+    try:
+        tr.teacher_logprobs_for([s, plain])
+    finally:
+        hook.remove()
+    want = render_prompt(tok, teacher_messages(msgs, "Be brief."), None, continue_final=True)
     tail = tok.encode("The answer is", add_special_tokens=False)
-    assert got[-len(tail):] == tail == prompt[-len(tail):]
-    # a plain turn keeps the generation prompt
-    plain = samples_for(tok, n=1)[0]
-    assert tr.teacher_prompt_ids(plain, "Be brief.") == render_prompt(
-        tok, teacher_messages(plain.messages, "Be brief."), None)
+    assert want[-len(tail):] == tail == prompt[-len(tail):]
+    want_plain = render_prompt(tok, teacher_messages(plain.messages, "Be brief."), None)  # the generation prompt
+    rows = {tuple(r[:len(want)]) for r in seen} | {tuple(r[:len(want_plain)]) for r in seen}
+    assert tuple(want) in rows and tuple(want_plain) in rows
+    assert any(r[:len(want) + len(resp)] == want + resp for r in seen)
 
 
 def test_teacher_forward_honours_the_token_budget(random_model_dir, tmp_path):
@@ -316,7 +323,7 @@ def test_teacher_forward_honours_the_token_budget(random_model_dir, tmp_path):
     hook = tr.frozen.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
                                                with_kwargs=True)
     try:
-        tr.teacher_signals(samples, [samples[0].hint] * 6)
+        tr.teacher_logprobs_for(samples)
     finally:
         hook.remove()
     assert len(shapes) > 1 and sum(b for b, _ in shapes) == 6
