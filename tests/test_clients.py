@@ -240,6 +240,8 @@ def test_agents_responses_model_calls_the_tool_and_answers(gw):
     assert isinstance(result.final_output, Answer)
     ids = [r.response_id for r in result.raw_responses]
     assert len(ids) >= 2 and all(ids)
+    stored = gw.client().responses.retrieve(ids[-1])
+    assert stored.previous_response_id == ids[-2]  # the SDK sent only the new items
     first, last = turn_of(gw, ids[0]), turn_of(gw, ids[-1])
     assert last.session_id == first.session_id  # one session, linked by previous_response_id
     assert any(m["role"] == "tool" for m in last.messages)

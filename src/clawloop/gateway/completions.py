@@ -29,7 +29,8 @@ so a completion is captured only when the request names a session (`X-Session-Id
 `session_id`, `user`), and then always as a `side` turn (stored, never trained on): messages
 `[{"role": "user", "content": PROMPT_TEXT}]`, the exact prompt and response ids, sampling
 `endpoint: "completions"`. Without a session id, or with `store: false`, nothing is stored.
-`prompt_cache_key` routes like a session id; `user` is a session id, as in chat.
+`prompt_cache_key` routes like a session id; `user` is a session id, as in chat. As in chat,
+`return_token_ids: true` adds each choice's `prompt_token_ids`, `token_ids` and `token_logprobs`.
 """
 
 from __future__ import annotations
