@@ -1,7 +1,10 @@
 """The LLM judge over real HTTP: a scripted OpenAI-compatible server on 127.0.0.1
 stands in for the judge model (no real LLM judge runs here), so verdicts are
-deterministic. Also: retries when the server errors or hangs, `judge-eval`
-against a URL, and the in-process engine backend (`--judge self`)."""
+deterministic. It can also think: reasoning in `reasoning_content` or inline
+`<think>` blocks, cut at the request's `max_tokens` (one word per token) the way
+a real server cuts it. Also: retries when the server errors or hangs, bounded
+retries when it only rambles, `judge-eval` against a URL, and the in-process
+engine backend (`--judge self`)."""
 
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ class Script:
         self.hint_replies = ["\\boxed{-1}"]
         self.n_score = 0
         self.n_hint = 0
+        self.think_words = 0     # > 0: every reply thinks this many words first
+        self.think_style = "field"  # field: reasoning_content; inline: <think>...</think> in content
 
     def next(self, body: dict) -> tuple[str, object]:
         with self.lock:
@@ -71,8 +76,21 @@ def fake_judge_app(script: Script) -> FastAPI:
         if kind == "hang":
             await asyncio.sleep(arg)
             return JSONResponse({"error": {"message": "too late"}}, status_code=504)
+        message, finish = {"role": "assistant", "content": arg}, "stop"
+        if script.think_words:
+            # a tentative verdict mid-thought: only a finished thought may be read
+            words = ["hmm"] * (script.think_words // 2) + ["maybe", "\\boxed{1}?"] + ["hmm"] * (script.think_words // 2)
+            answer = arg.split()
+            if len(words) + len(answer) > body["max_tokens"]:  # cut while thinking, as a server does
+                words, answer, finish = words[: body["max_tokens"]], [], "length"
+            if script.think_style == "field":
+                message = {"role": "assistant", "content": " ".join(answer) or None,
+                           "reasoning_content": " ".join(words)}
+            else:
+                close = "</think>" if answer else ""
+                message = {"role": "assistant", "content": f"<think>{' '.join(words)}{close}{' '.join(answer)}"}
         return {"id": "chatcmpl-1", "object": "chat.completion", "created": int(time.time()), "model": body["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": arg}, "finish_reason": "stop"}]}
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
 
     return app
 
@@ -286,3 +304,65 @@ def test_frozen_judge_loads_its_own_engine(random_model_dir, tmp_path):
     judge.max_tokens = 4
     j = asyncio.run(_judge_once(judge, _turn()))
     assert len(j.votes) == 1 and not judge.backend._started
+
+
+# -- thinking judges ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("style, verdict, expect", [
+    ("field", "The user corrects it. \\boxed{-1}", -1),    # reasoning_content + answer
+    ("inline", "The user corrects it. \\boxed{-1}", -1),   # <think>...</think> answer
+    ("field", "", None),                                    # no answer: the finished reasoning has only "maybe 1?"
+])
+def test_thinking_judge_reads_the_answer_not_the_musing(fake_judge, style, verdict, expect):
+    fake_judge.verdicts, fake_judge.think_words, fake_judge.think_style = [verdict], 40, style
+    j = asyncio.run(_judge_once(_judge(fake_judge.url, max_tokens=4096), _turn("no, that's wrong")))
+    if expect is None:  # a verdict given only while thinking still counts when the thought finished
+        assert j.votes == [1]
+    else:
+        assert (j.score, j.votes, j.malformed) == (expect, [expect], 0)
+
+
+def test_thinking_judge_cut_at_max_tokens_is_bounded_then_more_tokens_fixes_it(fake_judge, tmp_path, caplog):
+    """A judge that thinks for 1000 tokens under the old 512 cap never answers: its replies are counted
+    as truncated, the turn is retried `max_malformed` times, then stored as 0 with a warning that names
+    --judge-max-tokens. The configured limit (PRM_MAX_NEW_TOKENS, as OpenClaw-RL's scripts set it) is
+    what the server is asked for, and with it the verdict arrives."""
+    from clawloop.config import load_config
+    from clawloop.judge import make_judge
+
+    fake_judge.verdicts, fake_judge.think_words = ["\\boxed{-1}"], 1000
+    store = Store(tmp_path / "clawloop.db")
+    try:
+        results = {}
+        for limit in ("512", "2048"):
+            tid = store.add_turn(Turn(session_id=f"s{limit}", index=0, messages=[{"role": "user", "content": "hi"}],
+                                      response_text="hello", next_state={"role": "user", "content": "no, wrong"},
+                                      next_state_at=time.time())).result(10)
+            cfg = load_config({"judge__url": fake_judge.url, "judge__model": "m", "judge__hints": "false"},
+                              env={"PRM_MAX_NEW_TOKENS": limit})
+            judge = make_judge(cfg)
+            loop = JudgeLoop(store, judge, _loop_cfg(max_retries=1, max_malformed=3, max_tokens=int(limit)),
+                             retry_base_s=0.01, cooldown_base_s=0.02)
+
+            async def scenario():
+                stop = asyncio.Event()
+                task = asyncio.create_task(loop.run(stop))
+                while store.get_judgement(tid, judge.name) is None:
+                    await asyncio.sleep(0.02)
+                stop.set()
+                await task
+                await judge.close()
+
+            with caplog.at_level("WARNING", logger="clawloop.judge.loop"):
+                asyncio.run(asyncio.wait_for(scenario(), 30))
+            results[limit] = (store.get_judgement(tid, judge.name), loop.stats())
+        cut, cut_stats = results["512"]
+        assert (cut.score, cut.votes, cut.malformed) == (0, [None], 1)
+        assert cut_stats["judge/gave_up"] == 1 and cut_stats["judge/replies_truncated"] == 3
+        assert "JUDGE GAVE UP" in caplog.text and "--judge-max-tokens=512" in caplog.text
+        ok, ok_stats = results["2048"]
+        assert (ok.score, ok.votes) == (-1, [-1]) and ok_stats["judge/gave_up"] == 0
+        assert {b["max_tokens"] for b in fake_judge.requests} == {512, 2048}
+    finally:
+        store.close()

@@ -9,7 +9,7 @@ score's advantage, PPO's clipped surrogate, reduced by `sum_of_sample_mean`.
 Porting it meant three changes:
 
 - slime's helpers come from `clawloop.losses.plugins` (same names, same keywords);
-- the weights are clawloop's `--w-rl`/`--w-opd` (`args.w_opd`; the judge-score
+- the weights are clawloop's `--train-w-rl`/`--train-w-opd` (`args.w_opd`; the judge-score
   part in `batch["advantages"]` already carries `w_rl`), not environment variables;
 - TIS: clawloop's truncated importance weights (`batch["is_weights"]`) multiply
   the per-token loss, as in the built-in objectives; entropy and KL are left to
