@@ -491,7 +491,8 @@ class _Ctx:
         if p.logit_bias:
             rec["logit_bias"] = {str(k): v for k, v in p.logit_bias.items()}
         client = {k: v for k, v in (("user", req.user), ("metadata", req.metadata),
-                                    ("prompt_cache_key", req.prompt_cache_key)) if v}
+                                    ("prompt_cache_key", req.prompt_cache_key),
+                                    ("safety_identifier", req.safety_identifier)) if v}
         if client:
             rec["client"] = client
         return rec

@@ -79,6 +79,8 @@ class ChatRequest:
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     """Routes the request like a session id (replicas keep a key on one warm prefix cache)."""
+    safety_identifier: str | None = None
+    """The end user, as the client names them: recorded on the turn (never a session id)."""
     stream: bool = False
     include_usage: bool = False
     n: int = 1
@@ -423,6 +425,7 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
         if v is not None and not isinstance(v, str):
             raise _bad(f"Invalid type for '{key}': expected a string.", key, code="invalid_type")
     req.prompt_cache_key = body.get("prompt_cache_key") or None
+    req.safety_identifier = body.get("safety_identifier") or None
     if body.get("prompt_cache_retention") not in (None, "in-memory", "in_memory"):
         raise _bad("Unsupported value for 'prompt_cache_retention': prompts are cached in memory only.",
                    "prompt_cache_retention", code="unsupported_parameter")
