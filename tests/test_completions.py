@@ -196,3 +196,16 @@ def test_echo_logprobs_refused_where_the_engine_has_no_model(make_gateway, engin
     assert e.value.body["param"] == "echo"
     r = g.client().completions.create(model="m", prompt=P, max_tokens=2, echo=True)  # echo alone is fine
     assert r.choices[0].text.startswith(P) and math.isfinite(r.usage.total_tokens)
+
+
+def test_a_timeout_is_a_504_and_keeps_what_was_generated(make_gateway):
+    g = make_gateway(serve__request_timeout_s="0.3")
+    r = httpx.post(g.url + "/v1/completions", json={"prompt": P, "max_tokens": 1000},
+                   headers={"X-Session-Id": "slow"})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+    g.store.flush()
+    (turn,) = g.store.session_turns("slow")
+    assert turn.finish_reason == "abort" and turn.type == "side" and 0 < len(turn.response_ids) < 1000
+    with httpx.stream("POST", g.url + "/v1/completions", json={"prompt": P, "max_tokens": 1000, "stream": True}) as s:
+        lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
+    assert json.loads(lines[-1][6:])["error"]["code"] == "timeout"

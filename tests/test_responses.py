@@ -209,3 +209,27 @@ def test_bad_input_is_a_400_naming_the_parameter(gw, name, body, code, param):
     err = r.json()["error"]
     assert err["code"] == code and err["param"] == param and err["type"] == "invalid_request_error"
     assert turns_of(gw) == before
+
+
+def test_a_stream_the_client_leaves_stores_no_response_and_keeps_an_aborted_turn(gw):
+    import time
+
+    with httpx.stream("POST", gw.url + "/v1/responses", json={"model": "m", "input": "Go on.", "stream": True,
+                                                               "max_output_tokens": 900},
+                      headers={"X-Session-Id": "left"}) as r:
+        lines = r.iter_lines()
+        first = json.loads(next(ln for ln in lines if ln.startswith("data: "))[6:])
+        assert first["type"] == "response.created"
+        next(ln for ln in lines if "output_text.delta" in ln)
+    rid = first["response"]["id"]
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        gw.store.flush()
+        turns = gw.store.session_turns("left")
+        if turns and turns[0].finish_reason != "pending":
+            break
+        time.sleep(0.05)
+    (turn,) = turns
+    assert turn.request_id == rid and turn.finish_reason == "abort" and not turn.trainable
+    assert 0 < len(turn.response_ids) < 900
+    assert httpx.get(gw.url + f"/v1/responses/{rid}").status_code == 404

@@ -381,7 +381,7 @@ class _Completion:
             return
         engine = self.gw.engine
         for i, ids in enumerate(self.req.prompts):
-            while True:  # a publish during the pass may reuse the model object: recompute then
+            for _ in range(3):  # a publish during the pass may reload the model object: recompute then
                 version = engine.policy_version
                 lps = await asyncio.to_thread(prompt_logprobs, engine.model, ids, self.req.logprobs)
                 if engine.policy_version == version:

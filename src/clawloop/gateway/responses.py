@@ -403,7 +403,8 @@ class ResponsesAPI:
         if req.previous_response_id is not None:
             found = await self.store.conversation(req.previous_response_id, tenant)
             if found is None:
-                raise APIError(404, f"Previous response with id '{req.previous_response_id}' not found.",
+                raise APIError(404, f"Previous response with id '{req.previous_response_id}' not found (or a "
+                               "response it continues was deleted).",
                                param="previous_response_id", code="previous_response_not_found")
             prev, history = found
             sid = sid or prev.session_id
