@@ -45,7 +45,16 @@ from urllib.parse import urlparse
 
 from clawloop.judge.base import JudgeUnavailable, response_of
 from clawloop.judge.prompts import hint_messages, score_messages
-from clawloop.judge.voting import BOX, judged_text, majority_vote, parse_boxed, parse_hint, select_hint, split_thinking
+from clawloop.judge.voting import (
+    BOX,
+    judged_text,
+    majority_vote,
+    parse_boxed,
+    parse_hint,
+    select_hint,
+    split_thinking,
+    usable_hints,
+)
 from clawloop.naming import url_judge_name
 from clawloop.records import Judgement, Turn
 
@@ -215,8 +224,11 @@ class LLMJudge:
                     raise r
                 raise JudgeUnavailable(f"{type(r).__name__}: {r}") from r
         votes = [parse_boxed(r) for r in replies[: self.votes]]
-        hint = select_hint([(parse_boxed(r), parse_hint(r)) for r in replies[self.votes:]]) if self.hints else None
+        hint_votes = [(parse_boxed(r), parse_hint(r)) for r in replies[self.votes:]] if self.hints else []
+        hint = select_hint(hint_votes) if self.hints else None
+        candidates = usable_hints(hint_votes)  # all of them, for the trainer's --hint-selection overlap
         return Judgement(turn_id=turn_id, score=majority_vote(votes, self.threshold), votes=votes, hint=hint,
+                         hint_candidates=candidates if len(candidates) > 1 else None,
                          judge=self.name, latency_s=time.perf_counter() - t0,
                          malformed=sum(v is None for v in votes))
 

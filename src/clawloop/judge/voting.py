@@ -144,6 +144,16 @@ def vote_agreement(votes: Sequence[int | None], score: int) -> float | None:
     return sum(v == score for v in valid) / len(valid)
 
 
+def usable_hints(votes: Sequence[tuple[int | None, str | None]]) -> list[str]:
+    """Every distinct hint `select_hint` would accept, longest first (for the trainer's --hint-selection)."""
+    out: list[str] = []
+    for verdict, hint in votes:
+        hint = (hint or "").strip()
+        if verdict == 1 and len(hint) > MIN_HINT_CHARS and hint not in out:
+            out.append(hint)
+    return sorted(out, key=len, reverse=True)
+
+
 def select_hint(votes: Sequence[tuple[int | None, str | None]]) -> str | None:
     """Among `(verdict, hint)` pairs with verdict 1, the longest hint over MIN_HINT_CHARS characters."""
     best: str | None = None

@@ -110,6 +110,7 @@ MIGRATIONS = (
     ("turns", "tenant", "TEXT"),
     ("turns", "sampling", "TEXT"),
     ("judgements", "reward", "REAL"),  # a judge's continuous reward (Judgement.reward); NULL: the score
+    ("judgements", "hints", "TEXT"),  # JSON list, Judgement.hint_candidates; NULL: `hint` is the only one
 )
 # Indexes over migrated columns would go here; the partial pending index only needs finish_reason.
 
@@ -189,15 +190,16 @@ def _migrate(conn: sqlite3.Connection) -> None:
                 raise
 
 
-_JUDGEMENT_COLS = "turn_id, judge, score, votes, hint, latency_s, malformed, created_at, reward"
+_JUDGEMENT_COLS = "turn_id, judge, score, votes, hint, latency_s, malformed, created_at, reward, hints"
 _N_JUDGEMENT_COLS = len(_JUDGEMENT_COLS.split(","))
 
 
 def _row_to_judgement(r: tuple) -> Judgement:
-    turn_id, judge, score, votes, hint, latency, malformed, created, reward = r
+    turn_id, judge, score, votes, hint, latency, malformed, created, reward, hints = r
     return Judgement(turn_id=turn_id, judge=judge, score=score, votes=json.loads(votes),
                      hint=hint, latency_s=latency, malformed=malformed, created_at=created,
-                     reward=None if reward is None else float(reward))
+                     reward=None if reward is None else float(reward),
+                     hint_candidates=None if hints is None else json.loads(hints))
 
 
 # -- spill records -------------------------------------------------------------
@@ -654,9 +656,10 @@ class Store:
     def _op_judgement(self, conn: sqlite3.Connection, a: dict[str, Any]) -> bool:
         j: Judgement = a["judgement"]
         cur = conn.execute(
-            f"INSERT OR IGNORE INTO judgements ({_JUDGEMENT_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+            f"INSERT OR IGNORE INTO judgements ({_JUDGEMENT_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (j.turn_id, j.judge, int(j.score), json.dumps(j.votes), j.hint, float(j.latency_s),
-             int(j.malformed), j.created_at, None if j.reward is None else float(j.reward)),
+             int(j.malformed), j.created_at, None if j.reward is None else float(j.reward),
+             None if j.hint_candidates is None else json.dumps(list(j.hint_candidates))),
         )
         return cur.rowcount == 1
 
