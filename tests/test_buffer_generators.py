@@ -430,3 +430,111 @@ def test_math_unit_skip_instance_ids(tmp_path):
     # instance 0 finished before a restart: skipped once (one group), then sampled in epoch 2
     assert counts["skipped_groups"] == 1
     assert [it["instance_id"] for it in sent].count(0) == 2 and [it["instance_id"] for it in sent].count(1) == 4
+
+
+# -- plugin functions: --custom-generate-function-path and --rollout-function-path ----------------
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "plugins"
+
+PLUGIN_FNS = '''
+TASK_TYPE = "tiny_task"
+
+def text_only(messages, sampling_params):           # clawloop's generate signature
+    return "The answer is 19" if "12+7" in messages[-1]["content"] else "no idea"
+
+def one_arg(messages):
+    return "x"
+
+def two_args(data, extra):
+    pass
+
+def run(data):                                        # a rollout function
+    import httpx
+    for k in range(int(data["num_repeat_per_sample"])):
+        httpx.post(data["remote_buffer_url"] + "/buffer/write",
+                   json={"instance_id": "a", "reward": 0.25 * k, "messages": [{"role": "user", "content": "hi"}]})
+
+def is_valid_group(group_data, min_valid_group_size, task_type):
+    return len(group_data[1]) >= min_valid_group_size, len(group_data[1]) >= min_valid_group_size
+'''
+
+
+@pytest.fixture
+def plugin_fns(tmp_path):
+    return gen_file(tmp_path, "fns.py", PLUGIN_FNS)
+
+
+def test_custom_generate_in_slimes_signature_keeps_items_token_exact(tmp_path):
+    """examples/plugins/gateway_generate.py (slime's `generate(args, sample, sampling_params)`) answers for
+    the built-in math generator: its own system prompt reaches the server, and the ids and logprobs it
+    put on the sample become the item's token fields."""
+    stub = StubOpenAI([])
+    captured = []
+    try:
+        roll = MathRollout({"remote_engine_url": stub.url, "remote_buffer_url": "http://unused",
+                            "sampling_params": {"max_tokens": 16, "temperature": 0.5},
+                            "custom_generate_function_path": str(EXAMPLES / "gateway_generate.py")})
+        roll.send = captured.append
+        roll.rollout_one({"instance_id": 5, "prompt": "What is 12+7?", "label": 19})
+    finally:
+        stub.stop()
+    (item,) = captured
+    body = stub.requests[0]["body"]
+    assert body["messages"][0] == {"role": "system", "content": "Answer with the number only."}
+    assert body["max_tokens"] == 16 and body["temperature"] == 0.5 and stub.requests[0]["headers"]["x-turn-type"] == "side"
+    assert item["messages"][-1]["content"] == "swer is 19" and item["reward"] == 1.0
+    assert (item["prompt_ids"], item["response_ids"], item["response_logprobs"]) == ([1, 2, 3], [42, 43, 2],
+                                                                                      [-0.3, -0.4, -0.5])
+    assert item["policy_version"] == 4 and item["extra_info"]["token_exact"] is True
+
+
+def test_custom_generate_in_clawloops_signature_and_its_errors(plugin_fns, tmp_path):
+    sent = []
+    roll = MathRollout({"remote_engine_url": "http://127.0.0.1:9", "remote_buffer_url": "http://unused",
+                        "custom_generate_function_path": f"{plugin_fns}:text_only"})
+    roll.send = sent.append
+    roll.rollout_one({"instance_id": 1, "prompt": "What is 12+7?", "label": 19})
+    assert sent[0]["reward"] == 1.0 and "response_ids" not in sent[0] and not sent[0]["extra_info"]["token_exact"]
+    from clawloop.plugins import PluginError
+
+    with pytest.raises(PluginError, match=r"--custom-generate-function-path .*one_arg\(messages\) fits no accepted"):
+        BufferThread(buffer_cfg(tmp_path / "d", custom_generate_function_path=f"{plugin_fns}:one_arg"))
+
+
+def test_rollout_function_runs_as_one_more_generator(tmp_path, make_buffer):
+    """examples/plugins/reverse_rollout.py through the buffer: discovered beside the built-ins under its
+    TASK_TYPE, started by /start_rollout in its own process, its continuous rewards arrive as items."""
+    stub = StubOpenAI([])
+    try:
+        srv, c = make_buffer(group_size=2, rollout_function_path=f"{EXAMPLES / 'reverse_rollout.py'}:run_rollout")
+        gens = c.get("/buffer/stats").json()["data"]["data"][0]["generators"]
+        assert gens["reverse"]["path"] == str((EXAMPLES / "reverse_rollout.py").resolve()) and "math" in gens
+        r = c.post("/start_rollout", json={"task_type": "reverse", "num_repeat_per_sample": 2,
+                                           "remote_engine_url": stub.url, "words": ["sie"]})
+        assert r.json()["success"], r.text
+
+        def finished():
+            rolls = c.get("/buffer/stats").json()["data"]["data"][0]["rollouts"]
+            return rolls and rolls[0]["state"] != "running" and rolls[0]
+        roll = wait_for(finished)
+        assert roll["state"] == "finished", Path(roll["log"]).read_text()
+    finally:
+        stub.stop()
+    got = c.post("/get_rollout_data", json={}).json()
+    st = c.get("/buffer/stats").json()["data"]["data"][0]
+    assert st["per_task"]["reverse"]["written"] == 2
+    # the stub answers "swer is 19" to both: "sie" reversed is "eis" -> 1 of 3 letters in place, both alike,
+    # so the group is constant and dropped as invalid (the default hook), not handed out
+    assert got["success"] is False and st["dropped_invalid_groups"] == 1
+
+
+def test_rollout_function_hooks_and_errors(plugin_fns, tmp_path):
+    gens = discover_generators(None, rollout_function_path=f"{plugin_fns}:run")
+    g = gens["tiny_task"]
+    assert g.entry == f"{plugin_fns.resolve()}:run" and g.custom_hooks == ("is_valid_group",) and not g.builtin
+    with pytest.raises(GeneratorError, match=r"--rollout-function-path .*two_args\(data, extra\) cannot be called"):
+        discover_generators(None, rollout_function_path=f"{plugin_fns}:two_args")
+    gdir = tmp_path / "g"
+    gdir.mkdir()
+    gen_file(gdir, "t_generator.py", 'TASK_TYPE = "tiny_task"\ndef run_rollout(data): pass\n')
+    with pytest.raises(GeneratorError, match="duplicate TASK_TYPE 'tiny_task'.*--rollout-function-path"):
+        discover_generators(gdir, rollout_function_path=f"{plugin_fns}:run")

@@ -16,6 +16,7 @@ from clawloop.judge import JudgeLoop, JudgeUnavailable, OfflineJudge, attach_jud
 from clawloop.judge.loop import run_judge_service
 from clawloop.records import Judgement, Turn
 from clawloop.store import Store
+from conftest import run_cli
 
 
 def _cfg(tmp_path=None, **judge):
@@ -223,6 +224,40 @@ def test_mixed_scores_do_not_collapse(store):
     s = loop.stats()
     assert s["judge/score_collapse"] == 0.0
     assert (s["judge/score_pos"], s["judge/score_zero"], s["judge/score_neg"]) == (3, 3, 3)
+
+
+def test_constant_continuous_rewards_collapse_too(store, caplog):
+    """A reward model that scores everything 0.5 (the OpenClaw-RL troubleshooting case) is as dead a
+    signal as constant signs: flagged, with the value in the warning."""
+    _add_turns(store, 6)
+
+    async def half(turn, n):
+        return Judgement(turn_id=turn.id, score=1, votes=[1], reward=0.5)
+
+    loop = JudgeLoop(store, Scripted(half), _cfg().judge, collapse_window=5)
+    with caplog.at_level(logging.WARNING, logger="clawloop.judge.loop"):
+        asyncio.run(_run_until(loop, lambda: store.count_pending_judgement("scripted") == 0))
+    s = loop.stats()
+    assert s["judge/score_collapse"] == 1.0 and s["judge/window_reward_mean"] == 0.5
+    assert s["judge/window_reward_std"] == 0.0 and "every reward +0.5" in caplog.text
+
+
+def test_judge_model_is_honoured_or_refused(random_model_dir, tmp_path):
+    """judge.model (--judge-model, JUDGE_MODEL_PATH, PRM_MODEL_PATH) is never accepted and ignored."""
+    with pytest.raises(ConfigError, match=r"judge\.model: .*PRM_MODEL_PATH is '/models/prm', but the offline judge"):
+        make_judge(load_config({}, env={"PRM_MODEL_PATH": "/models/prm"}))
+    with pytest.raises(ConfigError, match=r"judge\.model: .*--judge self judges with the served policy"):
+        make_judge(load_config({"judge__kind": "self", "judge__model": "/models/j"}, env={}))
+    with pytest.raises(ConfigError, match=r"judge\.model: --judge frozen loads a local model folder, and 'org/judge'"):
+        make_judge(load_config({"judge__kind": "frozen", "judge__model": "org/judge"}, env={}))
+    with pytest.raises(ConfigError, match="JUDGE_MODEL_PATH='a' and PRM_MODEL_PATH='b' differ"):
+        load_config({}, env={"JUDGE_MODEL_PATH": "a", "PRM_MODEL_PATH": "b"})
+    cfg = load_config({"judge__kind": "frozen", "data_dir": str(tmp_path), "model__device": "cpu",
+                       "model__path": "/unused/policy"}, env={"PRM_MODEL_PATH": str(random_model_dir)})
+    frozen = make_judge(cfg)  # a local folder: the frozen judge serves that model, not the policy
+    assert frozen.backend.engine.model_path == str(random_model_dir) and frozen.max_tokens == cfg.judge.max_tokens
+    r = run_cli("judge-eval", env={"PRM_MODEL_PATH": "/models/prm"})
+    assert r.returncode == 2 and "config error: judge.model:" in r.stderr and "PRM_MODEL_PATH" in r.stderr
 
 
 def test_judge_names_and_factory(tmp_path):

@@ -1,6 +1,7 @@
 """`clawloop judge-eval`: score a judge on a labelled JSONL set.
 
     clawloop judge-eval                                  # offline judge, packaged set
+    clawloop judge-eval --data heldout                   # the held-out set (see below)
     clawloop judge-eval --data F.jsonl --judge http://127.0.0.1:8001/v1 --judge-model qwen
     clawloop judge-eval --judge self --model-path ./my-model
 
@@ -10,6 +11,13 @@ Each line: `{"prompt": str | messages (optional), "response": str,
 columns: verdict; `fail` = the judge could not answer) and, as the last line,
 `accuracy=0.XXX n=N`. `--judge` takes offline | self | frozen | url | a URL;
 every other config flag (`--judge-model`, `--majority-vote-n`, ...) applies.
+
+Two labelled sets ship. `judge_eval.jsonl` (the default) grew with the offline
+judge's rules, so its score is an upper bound. `judge_eval_heldout.jsonl`
+(`--data heldout`) was written from how people reply to an assistant before
+its author read the rules' phrase lists, and must never be used to tune them:
+its score is the honest estimate of the offline judge on users it was not
+written for.
 """
 
 from __future__ import annotations
@@ -32,13 +40,19 @@ LABELS = (1, 0, -1)
 EVAL_RETRIES = 2
 
 
-def default_data_path() -> Any:
-    return resources.files("clawloop").joinpath("data/judge_eval.jsonl")
+PACKAGED_SETS = {"default": "data/judge_eval.jsonl", "heldout": "data/judge_eval_heldout.jsonl"}
+
+
+def default_data_path(name: str = "default") -> Any:
+    return resources.files("clawloop").joinpath(PACKAGED_SETS[name])
 
 
 def load_eval_set(path: Any = None) -> list[dict[str, Any]]:
-    """The labelled examples of `path` (default: the packaged set), validated."""
-    src = default_data_path() if path is None else Path(path)
+    """The labelled examples of `path` (default: the packaged set; `heldout`: the held-out one), validated."""
+    if path is None or str(path) in PACKAGED_SETS:
+        src = default_data_path(str(path or "default"))
+    else:
+        src = Path(path)
     rows = []
     with src.open("r", encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -123,7 +137,8 @@ def judge_eval_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="clawloop judge-eval", description=__doc__.split("\n\n")[0],
                                 allow_abbrev=False)
-    p.add_argument("--data", default=None, help="Labelled JSONL (default: the packaged judge_eval.jsonl).")
+    p.add_argument("--data", default=None, help="Labelled JSONL (default: the packaged judge_eval.jsonl; "
+                                                "`heldout`: the packaged held-out set).")
     p.add_argument("--show-errors", action="store_true", help="Print every misjudged example.")
     add_config_arguments(p)
     values = vars(p.parse_args(_split_judge_flag(argv)))
