@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from clawloop.judge.voting import majority_vote, parse_boxed, parse_hint, select_hint, vote_agreement
+from clawloop.judge.voting import (
+    judged_text,
+    majority_vote,
+    parse_boxed,
+    parse_hint,
+    select_hint,
+    split_thinking,
+    vote_agreement,
+)
 
 
 @pytest.mark.parametrize("reply, verdict", [
@@ -87,3 +95,23 @@ def test_select_hint_longest_positive_over_ten_chars():
     assert select_hint([(1, "01234567890")]) == "01234567890"
     assert select_hint([(-1, "a long enough hint text")]) is None
     assert select_hint([]) is None
+
+
+@pytest.mark.parametrize("content, reasoning, verdict", [
+    ("<think>maybe \\boxed{1}</think>No: the user corrects it. \\boxed{-1}", None, -1),   # the answer wins
+    ("\\boxed{-1}", "I first thought \\boxed{1}", -1),                                   # reasoning field too
+    ("", "The user thanks the assistant. \\boxed{1}", 1),                                  # only in a finished thought
+    ("<think>the user says thanks, so \\boxed{1", None, None),                            # cut mid-thought: nothing
+    ("prefilled thinking \\boxed{0}</think>Final: \\boxed{1}", None, 1),                 # template opened <think>
+    ("<think>a</think>no verdict here", "\\boxed{0}", 0),
+    (None, None, None),
+])
+def test_judged_text_reads_the_answer_then_a_finished_thought(content, reasoning, verdict):
+    assert parse_boxed(judged_text(content, reasoning)) == verdict
+
+
+def test_split_thinking():
+    assert split_thinking("<think> x </think> y <think>z</think> w") == ("y  w", "x\nz")
+    assert split_thinking("a <think>cut off") == ("a", "")
+    assert split_thinking("pre</think>post") == ("post", "pre")
+    assert split_thinking(None) == ("", "")

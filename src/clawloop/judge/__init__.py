@@ -6,7 +6,8 @@ Judges (all `Judge`: `name` + `async judge(turn) -> Judgement`):
     url       any OpenAI-compatible endpoint                            llm.py
     self      the served policy engine, in-process                      llm.py
     frozen    a frozen copy of the base model, loaded by clawloop       llm.py
-    custom    `--custom-rm-path file.py:fn`                             custom.py
+    custom    `--custom-rm-path file.py:fn`: reward(turn), OpenClaw-RL's  custom.py
+              get_reward_model(config), slime's reward_func(args, sample)
 
 `JudgeLoop` (loop.py) feeds them from the store with K workers, retries and
 never drops a turn; `clawloop judge` runs it alone (`run_judge_service`),
