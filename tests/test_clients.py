@@ -202,7 +202,7 @@ def _agent(model, calls: list, **kw):
                  model_settings=settings, **kw)
 
 
-def _run(agent, **kw):
+def _run(agent, client: openai.AsyncOpenAI, **kw):
     from agents import Runner, set_tracing_disabled
 
     set_tracing_disabled(True)  # nothing outside is reachable; no trace export
@@ -211,7 +211,7 @@ def _run(agent, **kw):
         try:
             return await Runner.run(agent, "What is 12+7?", max_turns=4, **kw)
         finally:
-            await agent.model._client.close()
+            await client.close()
     return asyncio.run(go())
 
 
@@ -219,7 +219,8 @@ def test_agents_chat_completions_model_calls_the_tool_and_answers(gw):
     from agents import OpenAIChatCompletionsModel
 
     calls: list = []
-    result = _run(_agent(OpenAIChatCompletionsModel(model="clawloop", openai_client=aclient(gw)), calls))
+    c = aclient(gw)
+    result = _run(_agent(OpenAIChatCompletionsModel(model="clawloop", openai_client=c), calls), c)
     # `required` forces the first turn's call; the SDK then resets tool_choice and the model answers in text
     assert len(calls) == 1 and isinstance(calls[0], str) and len(calls[0]) <= 8
     assert isinstance(result.final_output, str) and result.final_output
@@ -234,8 +235,9 @@ def test_agents_responses_model_calls_the_tool_and_answers(gw):
     from agents import OpenAIResponsesModel
 
     calls: list = []
-    agent = _agent(OpenAIResponsesModel(model="clawloop", openai_client=aclient(gw)), calls, output_type=Answer)
-    result = _run(agent, auto_previous_response_id=True)
+    c = aclient(gw)
+    agent = _agent(OpenAIResponsesModel(model="clawloop", openai_client=c), calls, output_type=Answer)
+    result = _run(agent, c, auto_previous_response_id=True)
     assert len(calls) >= 1 and all(isinstance(c, str) and len(c) <= 8 for c in calls)
     assert isinstance(result.final_output, Answer)
     ids = [r.response_id for r in result.raw_responses]
