@@ -261,6 +261,13 @@ def parse_completion_request(body: dict[str, Any], tok: Any, vocab: int, max_len
     return req
 
 
+def can_score_prompts(engine: Any) -> bool:
+    """Whether `engine` exposes an in-process torch model to compute prompt logprobs with."""
+    import torch
+
+    return isinstance(getattr(engine, "model", None), torch.nn.Module)
+
+
 def prompt_logprobs(model: Any, ids: list[int], k: int) -> list[tuple[float, list[tuple[int, float]]]]:
     """For prompt tokens 1.. : (logprob of the token given the ones before, top-k alternatives),
     from one forward pass at temperature 1."""
@@ -636,7 +643,7 @@ async def serve_completions(gw: Gateway, request: Request) -> Response:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens; your prompt"
                            f"{f' {i}' if len(req.prompts) > 1 else ''} uses {len(ids)}.", param="prompt",
                            code="context_length_exceeded")
-    if req.echo and req.logprobs is not None and getattr(gw.engine, "model", None) is None:
+    if req.echo and req.logprobs is not None and not can_score_prompts(gw.engine):
         raise _bad("'echo' with 'logprobs' needs prompt logprobs, which this server's engine does not provide; "
                    "drop one of them.", "echo", code="unsupported_parameter")
     sid, _, done = gw.session_of(request, req, tenant)  # type: ignore[arg-type]  # duck-typed: session fields
