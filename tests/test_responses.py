@@ -49,7 +49,8 @@ def test_text_response_shape_and_capture(gw, client):
     r = client.responses.create(model="m", input="What is 12+7?", instructions="Be brief.", max_output_tokens=5,
                                 temperature=0.5, metadata={"k": "v"})
     assert r.object == "response" and r.id.startswith("resp-") and r.model == "m"
-    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"  # the random model never stops
+    # the random model never stops on its own: max_output_tokens cuts it
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     msg = r.output[0]
     assert msg.type == "message" and msg.role == "assistant" and msg.content[0].type == "output_text"
     assert r.output_text == msg.content[0].text and r.usage.output_tokens == 5

@@ -37,7 +37,6 @@ chat.
 from __future__ import annotations
 
 import json
-import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -51,7 +50,6 @@ from clawloop.gateway.app import Gateway
 from clawloop.gateway.protocol import APIError, parse_json_body
 from clawloop.gateway.responses_store import ResponseRecord, ResponseStore
 
-log = logging.getLogger(__name__)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
