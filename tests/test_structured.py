@@ -86,6 +86,7 @@ def test_json_schema_streamed_and_captured_as_constrained(gateway):
                                             extra_headers={"X-Session-Id": "js"}))
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert valid_answer(json.loads(text))
+    assert list(json.loads(text)) == list(SCHEMA["properties"])  # written in the schema's order
     gateway.store.flush()
     (turn,) = gateway.store.session_turns("js")
     assert turn.sampling["logprobs"] == "constrained"

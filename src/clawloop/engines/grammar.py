@@ -33,7 +33,8 @@ _LOG_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
 
 
 def tag_json(tag: dict[str, Any]) -> str:
-    return json.dumps(tag, sort_keys=True, separators=(",", ":"))
+    # Never sort the keys: a schema's property order is the order the object is written in.
+    return json.dumps(tag, separators=(",", ":"))
 
 
 def check_constraint(tag: dict[str, Any]) -> None:

@@ -3,7 +3,9 @@
     app = create_app(cfg, engine, store)      # store=None: no capture
     uvicorn.run(app, host=cfg.serve.host, port=cfg.serve.port)
 
-Routes: POST /v1/chat/completions (streaming and not), GET /v1/models,
+Routes: POST /v1/chat/completions (streaming and not; `run_chat` serves it
+and the other generation endpoints), POST /v1/completions (completions.py),
+POST/GET/DELETE /v1/responses (responses.py), GET /v1/models[/{id}],
 GET /health, GET /metrics. Errors use OpenAI's shape. Extension fields a
 trainer-side client may send: `return_token_ids: true` adds the prompt ids,
 each choice's sampled ids and logprobs and the policy version to the reply;

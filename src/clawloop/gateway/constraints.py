@@ -115,16 +115,16 @@ def build_constraint(req: ChatRequest, use_tools: bool, constrain_tools: bool = 
 
 def _check(req: ChatRequest, tag: dict[str, Any]) -> None:
     """400 naming the parameter whose schema does not compile."""
-    if _compiles(json.dumps(tag, sort_keys=True)) is None:
+    if _compiles(json.dumps(tag)) is None:
         return
     if req.response_format is not None:
-        why = _compiles(json.dumps({"type": "structural_tag", "format": _content_format(req)}, sort_keys=True))
+        why = _compiles(json.dumps({"type": "structural_tag", "format": _content_format(req)}))
         if why is not None:
             param = ("response_format.json_schema.schema" if req.response_format["type"] == "json_schema"
                      else "response_format")
             raise APIError(400, f"Invalid schema in '{param}': {why}", param=param, code="invalid_schema")
     for i, t in enumerate(req.tools or ()):
-        why = _compiles(json.dumps({"type": "structural_tag", "format": tool_tag(t)}, sort_keys=True))
+        why = _compiles(json.dumps({"type": "structural_tag", "format": tool_tag(t)}))
         if why is not None:
             param = f"tools[{i}].function.parameters"
             raise APIError(400, f"Invalid schema in '{param}': {why}", param=param, code="invalid_schema")
