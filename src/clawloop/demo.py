@@ -26,7 +26,8 @@ point belongs to exactly one served version.
     clawloop demo --method binary --wording heldout --preference upper --updates 8
 
 Writes `result.json` (baseline, final, curve) and a PNG plot beside it; the
-last line printed is `method=... wording=... preference=... baseline=0.XX final=0.XX updates=N minutes=M`.
+last line printed is `method=... baseline=0.XX final=0.XX updates=N minutes=M wording=... preference=...
+judged(+1/0/-1)=P/Z/N hints=H` (the judge's verdicts on the users' replies).
 """
 
 from __future__ import annotations
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     if png:
         print(f"demo: wrote {out} and {png}", flush=True)
     verdicts = "/".join(f"{judged.get(k, 0):.0f}" for k in ("judge_score_pos", "judge_score_zero", "judge_score_neg"))
-    print(f"method={a.method} wording={a.wording} preference={a.preference} baseline={baseline:.2f} "
-          f"final={final:.2f} updates={result['updates']} minutes={minutes:.1f} "
+    print(f"method={a.method} baseline={baseline:.2f} final={final:.2f} updates={result['updates']} "
+          f"minutes={minutes:.1f} wording={a.wording} preference={a.preference} "
           f"judged(+1/0/-1)={verdicts} hints={judged.get('judge_hints', 0):.0f}")
     return 0

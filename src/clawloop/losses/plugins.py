@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -233,8 +234,6 @@ class CustomLoss:
         self.__doc__ = fn.__doc__
         names = set(positional_names(fn))
         try:
-            import inspect
-
             names |= set(inspect.signature(fn).parameters)
         except (TypeError, ValueError):
             pass
