@@ -70,3 +70,24 @@ def test_trainer_corrects_for_the_sampling_temperature(random_model_dir, tmp_pat
     assert abs(hot["train/tis_weight_mean"] - 1.0) > 1e-3
     unknown = tr.step([_sample(tr, None)])  # imported turns without sampling: the raw convention
     assert unknown["train/tempered_samples"] == 0
+
+
+def test_constrained_turns_weigh_by_the_allowed_mass_and_do_not_count_as_drift(random_model_dir, tmp_path):
+    """A turn sampled under a grammar reports logprobs renormalised over the allowed ids: higher than
+    the trainer's raw ones by -log(mass). TIS weighs each token by that mass (< 1: the masked
+    distribution's importance weight); the engine/trainer drift metric does not read it as drift."""
+    from conftest import make_cfg
+
+    from clawloop.trainer.core import Trainer
+
+    cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__lr="1e-9")
+    tr = Trainer(cfg, str(random_model_dir))
+    s = _sample(tr, {"temperature": 1.0, "top_p": 1.0, "seed": None, "logprobs": "constrained"})
+    mass = 0.5  # say the grammar allowed half the model's mass at every response token
+    s.rollout_logprobs = [lp - math.log(mass) if m else lp for lp, m in zip(s.rollout_logprobs, s.loss_mask)]
+    out = tr.step([s])
+    assert out["train/tis_weight_mean"] == pytest.approx(mass, abs=1e-3)
+    assert out["train/logprob_diff_abs_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert out["train/constrained_frac"] == 1.0
+    s.sampling = dict(s.sampling, logprobs="raw")  # the same numbers claimed raw: that is drift
+    assert tr.step([s])["train/logprob_diff_abs_mean"] == pytest.approx(math.log(2), abs=1e-3)

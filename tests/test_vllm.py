@@ -129,6 +129,54 @@ def test_tool_call_through_vllm(vllm_gateway):
     assert call.function.name == "calculator" and json.loads(call.function.arguments) == {"expression": "12+7"}
 
 
+def test_structured_outputs_through_vllm(vllm_gateway, tool_model_dir):  # noqa: F811
+    """vLLM enforces the same structural tag (xgrammar): a schema'd object and a required call to
+    an offered tool are valid, and the logprobs it reports are the constrained distribution's —
+    the model's own logits masked by the replayed grammar, renormalised."""
+    from transformers import AutoModelForCausalLM
+
+    from clawloop.engines.hf import HFEngine
+    from test_structured import ADD, SCHEMA, valid_answer
+
+    server, engine, store, *_ = vllm_gateway
+    c = _client(server)
+    rf = {"type": "json_schema", "json_schema": {"name": "thing", "strict": True, "schema": SCHEMA}}
+    r = c.chat.completions.create(model="m", messages=Q, response_format=rf, max_tokens=200, seed=1,
+                                  temperature=1.0, extra_headers={"X-Session-Id": "vllm-json"})
+    assert r.choices[0].finish_reason == "stop" and valid_answer(json.loads(r.choices[0].message.content))
+    # `add` takes integers: bounded work for any model (the calculator's free string is not)
+    r = c.chat.completions.create(model="m", messages=Q, tools=[ADD], tool_choice="required",
+                                  parallel_tool_calls=False, max_tokens=200, seed=2)
+    assert r.choices[0].message.tool_calls, r.choices[0]
+    (call,) = r.choices[0].message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "add" and set(args) == {"a", "b"} and all(isinstance(v, int) for v in args.values())
+
+    store.flush()
+    (turn,) = store.session_turns("vllm-json")
+    assert turn.sampling["logprobs"] == "constrained"
+    hf = HFEngine(tool_model_dir, device="cpu", dtype="float32")  # its grammar helper, same tokenizer
+    g = hf.grammars()
+    m = g.matcher(g.compile(engine_constraint(rf)))
+    model = AutoModelForCausalLM.from_pretrained(tool_model_dir, dtype=torch.float32).eval()
+    seq = torch.tensor([turn.prompt_ids + turn.response_ids])
+    with torch.no_grad():
+        logits = model(seq).logits[0, len(turn.prompt_ids) - 1:-1].float()  # (T, V)
+    want = []
+    for t, tid in enumerate(turn.response_ids):
+        want.append(float(torch.log_softmax(g.mask(m, logits[t]), -1)[tid]))
+        assert m.accept_token(tid), (t, hf.tokenizer.decode(turn.response_ids[:t + 1]), turn.response_ids)
+    diff = max(abs(a - b) for a, b in zip(want, turn.response_logprobs))
+    assert diff < 1e-3, diff
+
+
+def engine_constraint(response_format):
+    from clawloop.gateway.constraints import build_constraint
+    from clawloop.gateway.protocol import parse_chat_request
+
+    return build_constraint(parse_chat_request({"messages": Q, "response_format": response_format}, 1024), False)
+
+
 def test_bad_request_gets_an_openai_error(vllm_gateway):
     import openai
 

@@ -71,6 +71,7 @@ import torch
 from clawloop.engines.base import LoraAdapter
 from clawloop.losses import (
     behaviour_logprobs,
+    logprob_diff_stats,
     combined_advantages,
     entropy_bonus,
     entropy_from_logits,
@@ -153,6 +154,11 @@ class _Batch:
     temperature: torch.Tensor  # (B,) sampling temperature (1: the raw distribution)
     top_p: torch.Tensor  # (B,)
     rows: int = 0
+    constrained: torch.Tensor | None = None
+    """(B,) rows sampled under a grammar constraint: their engine logprobs are renormalised over the
+    allowed ids (`sampling.logprobs == "constrained"`), so they exceed the trainer's raw ones by
+    -log(allowed mass). TIS uses them as they are (the weight is that mass: the importance weight of
+    sampling from the masked distribution); the drift metric leaves them out."""
     old: torch.Tensor | None = None  # (B, L-1) logprobs before the first update
     is_w: torch.Tensor | None = None  # (B, L-1) TIS weights
     adv: torch.Tensor | None = None  # (B, L-1)
@@ -649,8 +655,10 @@ class Trainer:
                 ref_lp, _ = self._eval_logprobs(base, tokens, attn)  # (B, L-1)
         temps = torch.tensor([_sampling(s, "temperature") for s in samples], device=dev)  # (B,)
         top_p = torch.tensor([_sampling(s, "top_p") for s in samples], device=dev)  # (B,)
+        constrained = torch.tensor([(s.sampling or {}).get("logprobs") == "constrained" for s in samples],
+                                   device=dev)  # (B,)
         return _Batch(tokens, attn, mask, engine_lp, has_engine, score_t, pre_adv, has_pre, tl, topk_ids, topk_lp,
-                      has_topk, ref_lp, temps, top_p, rows=B)
+                      has_topk, ref_lp, temps, top_p, rows=B, constrained=constrained)
 
     def _eval_logprobs(self, model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor,
                        want_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -694,6 +702,10 @@ class Trainer:
                 lq = behaviour_logprobs(logits.detach(), b.tokens[:, 1:], b.temperature, b.top_p)  # (B, L-1)
             behaviour = torch.where(b.tempered[:, None], lq + (behaviour - old), behaviour)
         b.is_w, tis_stats = tis_weights(old, behaviour, b.mask, cap=t.tis_cap or None)
+        if b.constrained is not None and bool(b.constrained.any()):
+            # drift is engine vs trainer on the same distribution: constrained rows measure the mask
+            tis_stats.update(logprob_diff_stats(old, behaviour, b.mask * (~b.constrained)[:, None]))
+            tis_stats["train/constrained_frac"] = float(b.constrained.float().mean())
         b.fixed_stats = dict(tis_stats)
         b.old = old
         if not use_pg:

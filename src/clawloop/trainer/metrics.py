@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 SAMPLE_STATS = frozenset({
     "train/combine_rl_frac", "train/combine_opd_frac", "train/combine_both_frac", "train/combine_no_signal_frac",
-    "train/zero_adv_frac", "train/score_mean",
+    "train/zero_adv_frac", "train/score_mean", "train/constrained_frac",
 })
 """Stats that are fractions of, or means over, samples rather than tokens."""
 
