@@ -621,23 +621,8 @@ class _Ctx:
             for c in self.choices:
                 yield self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None, "finish_reason": None}], self.start_version, **first)
-            remaining = len(tasks)
-            while remaining:
-                items = [await q.get()]
-                while not q.empty():  # coalesce what is ready into one write
-                    items.append(q.get_nowait())
-                out = []
-                for item in items:
-                    if item is None:
-                        remaining -= 1
-                    elif item is _TIMED_OUT:
-                        raise TimeoutError
-                    elif isinstance(item, BaseException):
-                        raise item
-                    else:
-                        out.append(item)
-                if out:
-                    yield "".join(out)
+            async for text in drain(q, len(tasks)):
+                yield text
             self.capture()
             for c in self.choices:
                 fin: dict[str, Any] = {"index": c.index, "delta": {}, "logprobs": None,
@@ -697,6 +682,29 @@ def choice_seed(seed: int, index: int) -> int:
 
 _TIMED_OUT = object()
 """Put in a stream's queue when its request's deadline passes."""
+
+
+async def drain(q: asyncio.Queue, producers: int) -> AsyncIterator[str]:
+    """A stream's SSE text from the queue its `producers` choice tasks fill, until each has put its
+    closing `None`; what is ready is coalesced into one write. A task's exception, or `_TIMED_OUT`
+    (TimeoutError), is raised here."""
+    remaining = producers
+    while remaining:
+        items = [await q.get()]
+        while not q.empty():
+            items.append(q.get_nowait())
+        out = []
+        for item in items:
+            if item is None:
+                remaining -= 1
+            elif item is _TIMED_OUT:
+                raise TimeoutError
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                out.append(item)
+        if out:
+            yield "".join(out)
 
 
 def timeout_error(timeout_s: float) -> APIError:

@@ -49,8 +49,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from clawloop.engines.base import EngineUnavailable, GenerationRequest, SamplingParams, TokenEvent
-from clawloop.gateway.app import Gateway, choice_seed, timeout_error, unavailable_error
-from clawloop.gateway.protocol import GREEDY_BELOW, INT64, MAX_N, MAX_STOP, MAX_TOP_LOGPROBS, APIError, parse_json_body
+from clawloop.gateway.app import _TIMED_OUT, Gateway, choice_seed, drain, timeout_error, unavailable_error
+from clawloop.gateway.protocol import MAX_N, MAX_TOP_LOGPROBS, APIError, parse_json_body, parse_sampling
 from clawloop.gateway.render import Detokenizer, TextStream
 from clawloop.records import TURN_SIDE, Turn
 
@@ -198,25 +198,7 @@ def parse_completion_request(body: dict[str, Any], tok: Any, vocab: int, max_len
     if req.max_tokens == 0 and not req.echo:
         raise _bad("Invalid value for 'max_tokens': 0 is only allowed with 'echo' (scoring the prompt).",
                    "max_tokens")
-    req.temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
-    if req.temperature < GREEDY_BELOW:
-        req.temperature = 0.0
-    req.top_p = _number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True)
-    stop = body.get("stop")
-    if stop is not None:
-        stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise _bad("Invalid value for 'stop': expected a non-empty string or an array of them.", "stop")
-        if len(stops) > MAX_STOP:
-            raise _bad(f"Invalid value for 'stop': at most {MAX_STOP} sequences.", "stop")
-        req.stop = list(stops)
-    seed = body.get("seed")
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise _bad("Invalid type for 'seed': expected an integer.", "seed", code="invalid_type")
-        if not INT64[0] <= seed <= INT64[1]:
-            raise _bad(f"Invalid value for 'seed': {seed} is out of range (a 64-bit signed integer).", "seed")
-        req.seed = seed
+    req.temperature, req.top_p, req.stop, req.seed = parse_sampling(body)
     req.logprobs = _number(body, "logprobs", 0, MAX_TOP_LOGPROBS, None, integer=True)
     for key in ("presence_penalty", "frequency_penalty"):
         v = _number(body, key, -2.0, 2.0, 0.0)
@@ -567,23 +549,8 @@ class _Completion:
                     yield self._chunk([{"text": self.req.texts[g.prompt], "index": g.index, "finish_reason": None,
                                         "logprobs": self.logprobs_block(g, 0, 0, echo=True)}], self.start_version)
             tasks = [asyncio.create_task(run(g)) for g in self.gens]
-            remaining = len(tasks)
-            while remaining:
-                items = [await q.get()]
-                while not q.empty():
-                    items.append(q.get_nowait())
-                out = []
-                for item in items:
-                    if item is None:
-                        remaining -= 1
-                    elif item is _TIMED_OUT:
-                        raise TimeoutError
-                    elif isinstance(item, BaseException):
-                        raise item
-                    else:
-                        out.append(item)
-                if out:
-                    yield "".join(out)
+            async for text in drain(q, len(tasks)):
+                yield text
             self.capture()
             for g in self.gens:
                 yield self._chunk([{"text": "", "index": g.index, "logprobs": None,
@@ -623,8 +590,6 @@ class _Completion:
             gw.metrics.observe_request(status, time.perf_counter() - self.t0, sum(len(g.ids) for g in self.gens),
                                        self.tenant)
 
-
-_TIMED_OUT = object()
 
 
 async def serve_completions(gw: Gateway, request: Request) -> Response:

@@ -332,6 +332,30 @@ def _bool(body: dict, key: str, default: bool = False) -> bool:
     return v
 
 
+def parse_sampling(body: dict[str, Any]) -> tuple[float, float, list[str], int | None]:
+    """`temperature` (tiny ones mean greedy: 0), `top_p`, `stop` and `seed`, as chat and completions
+    both take them."""
+    temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
+    if temperature < GREEDY_BELOW:
+        temperature = 0.0
+    top_p = _number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True)
+    stops: list[str] = []
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise _bad("Invalid value for 'stop': expected a non-empty string or an array of them.", "stop")
+        if len(stops) > MAX_STOP:
+            raise _bad(f"Invalid value for 'stop': at most {MAX_STOP} sequences.", "stop")
+    seed = body.get("seed")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise _bad("Invalid type for 'seed': expected an integer.", "seed", code="invalid_type")
+        if not INT64[0] <= seed <= INT64[1]:
+            raise _bad(f"Invalid value for 'seed': {seed} is out of range (a 64-bit signed integer).", "seed")
+    return temperature, top_p, list(stops), seed
+
+
 def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
     for key, why in UNSUPPORTED.items():
         if body.get(key) is not None:
@@ -377,25 +401,7 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
     if mt is not None:
         key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         req.max_tokens = _number({key: mt}, key, 1, max_model_len, 0, integer=True)
-    req.temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
-    if req.temperature < GREEDY_BELOW:
-        req.temperature = 0.0
-    req.top_p = _number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True)
-    stop = body.get("stop")
-    if stop is not None:
-        stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise _bad("Invalid value for 'stop': expected a non-empty string or an array of them.", "stop")
-        if len(stops) > MAX_STOP:
-            raise _bad(f"Invalid value for 'stop': at most {MAX_STOP} sequences.", "stop")
-        req.stop = list(stops)
-    seed = body.get("seed")
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise _bad("Invalid type for 'seed': expected an integer.", "seed", code="invalid_type")
-        if not INT64[0] <= seed <= INT64[1]:
-            raise _bad(f"Invalid value for 'seed': {seed} is out of range (a 64-bit signed integer).", "seed")
-        req.seed = seed
+    req.temperature, req.top_p, req.stop, req.seed = parse_sampling(body)
     req.logprobs = _bool(body, "logprobs")
     req.top_logprobs = _number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0, integer=True)
     if req.top_logprobs and not req.logprobs:
