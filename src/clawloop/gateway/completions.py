@@ -591,7 +591,6 @@ class _Completion:
                                        self.tenant)
 
 
-
 async def serve_completions(gw: Gateway, request: Request) -> Response:
     """POST /v1/completions."""
     t0 = time.perf_counter()
