@@ -1,7 +1,12 @@
 """clawloop's trainer against TRL's GRPOTrainer: seconds per GRPO step and trained tokens/s, on CPU.
 
     .venv/bin/pip install -e ".[bench]"        # trl, datasets
-    .venv/bin/python bench/train_vs_trl.py [--model DIR] [--steps 5] [--reps 2] [--variants full,lora]
+    .venv/bin/python bench/train_vs_trl.py [--model DIR | --shape 8x512] [--steps 5] [--reps 2] [--variants full,lora]
+    .venv/bin/python bench/train_vs_trl.py --shape 8x512 --profile    # where clawloop's step time goes
+
+`--shape LxH` benches a random Qwen2 of L layers x H wide (the tiny model's
+tokenizer, MLP 4H; 4x128 is the tiny model's shape, 8x512 has 32 M parameters),
+built into a temporary folder.
 
 One step, on either side: sample `--group` completions for each of `--prompts`
 prompts (temperature 1, at most `--max-tokens` tokens), reward each (+1 for a
@@ -26,7 +31,16 @@ takes one untimed warm-up step on each, then `--steps` timed steps; which side
 goes first alternates between repetitions so drift on a shared machine hits both.
 
 Trained tokens = completion tokens in the batch (the eos included); tokens/s =
-their sum over the sum of step times. Prints a table, then one JSON line.
+their sum over the sum of step times. "train" is the step without generation
+(and without clawloop's publish): reward, loss, forward, backward, optimizer.
+A round is one repetition of one variant, both sides; the ratio quoted is the
+median over rounds of (clawloop tokens/s) / (TRL tokens/s), since on a shared
+machine neighbouring runs compare better than pooled ones. Prints a table,
+then one JSON line.
+
+`--profile` runs the clawloop side only and splits its step into generate,
+forward, log_softmax + gather, loss, backward, clip + AdamW, the trainer's
+other Python, and publish (wall time per phase, wrappers around each call).
 
 Differences that remain: the completions are sampled, so the two sides train on
 different tokens (equal in number only when every completion runs to the
@@ -39,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -77,6 +92,15 @@ class Timing:
     publish_s: list[float] = field(default_factory=list)
     """clawloop only: handing the new weights to the engine (TRL generates from the trained model)."""
     reward_mean: list[float] = field(default_factory=list)
+    rounds: list[float] = field(default_factory=list)
+    """tokens/s of each repetition (round)."""
+
+    def train_s(self) -> list[float]:
+        """Per step: the step without generation and publish."""
+        pub = self.publish_s or [0.0] * len(self.step_s)
+        if len(self.generate_s) != len(self.step_s):
+            return []
+        return [s - g - p for s, g, p in zip(self.step_s, self.generate_s, pub)]
 
     def summary(self) -> dict[str, float | None]:
         total = sum(self.step_s)
@@ -88,6 +112,8 @@ class Timing:
             "tokens_per_s": sum(self.tokens) / total,
             "generate_s_median": statistics.median(self.generate_s) if self.generate_s else None,
             "publish_s_median": statistics.median(self.publish_s) if self.publish_s else None,
+            "train_s_median": statistics.median(self.train_s()) if self.train_s() else None,
+            "train_tokens_per_s": sum(self.tokens) / sum(self.train_s()) if self.train_s() else None,
             "reward_mean": sum(self.reward_mean) / len(self.reward_mean),
         }
 
@@ -142,9 +168,45 @@ def build_samples(prompt_ids: list[list[int]], completions, rewards: list[float]
     return samples
 
 
+@contextlib.contextmanager
+def time_phases(trainer, phases: dict[str, float]):
+    """Wrap the trainer's model forward, logprob taking, loss, backward and optimizer step so that each
+    adds its wall time to `phases` (the bench's --profile; the wrappers cost microseconds a call).
+    The module and class level wrappers are taken off again on exit."""
+    import clawloop.trainer.core as core
+
+    undo = [(core, "token_logprobs", core.token_logprobs), (torch.Tensor, "backward", torch.Tensor.backward)]
+
+    def wrap(obj, name: str, key: str) -> None:
+        f = getattr(obj, name)
+
+        def timed(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return f(*args, **kw)
+            finally:
+                phases[key] = phases.get(key, 0.0) + time.perf_counter() - t
+
+        setattr(obj, name, timed)
+
+    wrap(trainer.model, "forward", "forward")
+    wrap(core, "token_logprobs", "forward + logprobs")  # minus forward: log_softmax + gather
+    wrap(trainer, "_tensorize", "tensorize (pad)")
+    wrap(trainer, "_set_old", "old lp, TIS, advantages")
+    wrap(trainer, "_loss", "loss + entropy metric")
+    wrap(torch.Tensor, "backward", "backward")
+    wrap(trainer, "_optimizer_step", "clip + AdamW")
+    try:
+        yield
+    finally:
+        for obj, name, f in undo:
+            setattr(obj, name, f)
+
+
 async def clawloop_run(model: str, questions: list[list[str]], a: argparse.Namespace, lora: bool,
-                       tmp: str) -> Timing:
-    """One repetition: fresh engine and trainer, a warm-up step, then `len(questions) - 1` timed steps."""
+                       tmp: str, phases: dict[str, float] | None = None) -> Timing:
+    """One repetition: fresh engine and trainer, a warm-up step, then `len(questions) - 1` timed steps.
+    With `phases`, the timed steps' trainer phases are added up there (--profile)."""
     from clawloop.config import load_config
     from clawloop.engines.hf import HFEngine
     from clawloop.gateway.render import render_prompt
@@ -158,9 +220,13 @@ async def clawloop_run(model: str, questions: list[list[str]], a: argparse.Names
                       threads=a.threads)
     trainer = Trainer(cfg, model, tokenizer=engine.tokenizer)
     tok = engine.tokenizer
+    inner: dict[str, float] = {}
     timing = Timing()
     await engine.start()
+    profiling = contextlib.ExitStack()
     try:
+        if phases is not None:
+            profiling.enter_context(time_phases(trainer, inner))
         for step, qs in enumerate(questions):
             t0 = time.perf_counter()
             # render → capture → judge → build samples → train step → publish; TRL also tokenizes in its step
@@ -173,12 +239,18 @@ async def clawloop_run(model: str, questions: list[list[str]], a: argparse.Names
             group_ids = [g for g in range(len(prompt_ids)) for _ in range(a.group)]
             rewards = [reward_bare(tok.decode(ids, skip_special_tokens=True)) for ids, _, _ in completions]
             samples = build_samples(prompt_ids, completions, rewards, group_ids)
+            t_step = time.perf_counter()
             trainer.step(samples, served_version=engine.policy_version)
             t_pub = time.perf_counter()
             await engine.publish(trainer.served_state_dict(), trainer.version)
             dt = time.perf_counter() - t0
             if step == 0:
+                inner.clear()
                 continue  # warm-up
+            if phases is not None:
+                for k, v in {"generate": t_gen - t0, "reward + samples": t_step - t_gen,
+                             "trainer.step": t_pub - t_step, "publish": t0 + dt - t_pub, "step": dt}.items():
+                    phases[k] = phases.get(k, 0.0) + v
             timing.step_s.append(dt)
             timing.generate_s.append(t_gen - t0)
             timing.publish_s.append(t0 + dt - t_pub)
@@ -187,7 +259,14 @@ async def clawloop_run(model: str, questions: list[list[str]], a: argparse.Names
         if engine.policy_version != len(questions):
             raise RuntimeError(f"served policy version {engine.policy_version} after {len(questions)} steps")
     finally:
+        profiling.close()
         await engine.stop()
+    if phases is not None:
+        inner["log_softmax + gather"] = inner.pop("forward + logprobs", 0.0) - inner.get("forward", 0.0)
+        inner["trainer: other Python"] = phases["trainer.step"] - sum(inner.values())
+        for k, v in inner.items():
+            phases[k] = phases.get(k, 0.0) + v
+        phases["steps"] = phases.get("steps", 0) + len(timing.step_s)
     return timing
 
 
@@ -305,7 +384,7 @@ def report(results: dict[str, dict[str, Timing]], a: argparse.Namespace, model: 
           f"{a.prompts} prompts x group {a.group}, <= {a.max_tokens} completion tokens; "
           f"{a.steps} timed steps x {a.reps} reps per side; model {model}")
     print(f"{'variant':<8} {'side':<9} {'s/step p50':>10} {'s/step mean':>11} {'gen s p50':>9} {'pub s p50':>9} "
-          f"{'tok/step':>8} {'tok/s':>8} {'reward':>7}")
+          f"{'train s p50':>11} {'tok/step':>8} {'tok/s':>8} {'train tok/s':>11} {'reward':>7}")
     rows = []
     for v, by_side in results.items():
         s = {side: by_side[side].summary() for side in SIDES}
@@ -313,14 +392,47 @@ def report(results: dict[str, dict[str, Timing]], a: argparse.Namespace, model: 
             x = s[side]
             print(f"{v:<8} {side:<9} {x['s_per_step_median']:>10.3f} {x['s_per_step_mean']:>11.3f} "
                   f"{cell(x['generate_s_median']):>9} {cell(x['publish_s_median']):>9} "
-                  f"{x['tokens_per_step']:>8.1f} {x['tokens_per_s']:>8.1f} {x['reward_mean']:>7.2f}")
+                  f"{cell(x['train_s_median']):>11} {x['tokens_per_step']:>8.1f} {x['tokens_per_s']:>8.1f} "
+                  f"{cell(x['train_tokens_per_s']):>11} {x['reward_mean']:>7.2f}")
+        rounds = [c / t for c, t in zip(by_side["clawloop"].rounds, by_side["trl"].rounds)]
+        train = (s["clawloop"]["train_tokens_per_s"] / s["trl"]["train_tokens_per_s"]
+                 if s["trl"]["train_tokens_per_s"] else None)
         row = {"variant": v, "clawloop": s["clawloop"], "trl": s["trl"],
                "tokens_per_s_ratio": s["clawloop"]["tokens_per_s"] / s["trl"]["tokens_per_s"],
+               "tokens_per_s_ratio_rounds": rounds, "tokens_per_s_ratio_median": statistics.median(rounds),
+               "train_tokens_per_s_ratio": train,
                "s_per_step_ratio": s["trl"]["s_per_step_median"] / s["clawloop"]["s_per_step_median"]}
         rows.append(row)
-        print(f"{v:<8} {'ratio':<9} {row['s_per_step_ratio']:>9.2f}x {'':>11} {'':>9} {'':>9} {'':>8} "
-              f"{row['tokens_per_s_ratio']:>7.2f}x   clawloop / TRL (goal >= 1.5x)")
+        print(f"{v:<8} {'ratio':<9} {row['s_per_step_ratio']:>9.2f}x {'':>11} {'':>9} {'':>9} {'':>11} {'':>8} "
+              f"{row['tokens_per_s_ratio']:>7.2f}x {'-' if train is None else f'{train:.2f}x':>11}   "
+              f"clawloop / TRL; median over rounds {row['tokens_per_s_ratio_median']:.2f}x "
+              f"({', '.join(f'{r:.2f}' for r in rounds)}; goal >= 2x)")
     return rows
+
+
+def report_profile(phases: dict[str, dict[str, float]]) -> None:
+    """--profile: clawloop's step, phase by phase, ms per step and share of the step."""
+    order = ["generate", "reward + samples", "trainer.step", "tensorize (pad)", "forward", "log_softmax + gather",
+             "old lp, TIS, advantages", "loss + entropy metric", "backward", "clip + AdamW", "trainer: other Python",
+             "publish"]
+    for v, p in phases.items():
+        n, step = p["steps"], p["step"]
+        print(f"\nclawloop {v}: {1e3 * step / n:.1f} ms per step ({n:.0f} timed steps)")
+        for k in order:
+            inside = k not in ("generate", "reward + samples", "trainer.step", "publish")
+            print(f"  {'  ' if inside else ''}{k:<{26 if inside else 28}} {1e3 * p.get(k, 0.0) / n:8.1f} ms "
+                  f"{100 * p.get(k, 0.0) / step:6.1f} %")
+
+
+def random_model(shape: str, seed: int, tmp: str) -> str:
+    """A random Qwen2 of `shape` (LxH: layers x hidden) in `tmp`."""
+    from clawloop.tinymodel.build import build_random_model
+
+    try:
+        layers, hidden = (int(x) for x in shape.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--shape: expected LAYERSxHIDDEN like 8x512, got {shape!r}") from None
+    return str(build_random_model(Path(tmp) / f"random-{layers}x{hidden}", layers=layers, hidden=hidden, seed=seed))
 
 
 def resolve_model(path: str) -> str:
@@ -340,6 +452,8 @@ def resolve_model(path: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="", help="HF model dir (default: the tiny model, built if missing)")
+    ap.add_argument("--shape", default="", help="LAYERSxHIDDEN: a random Qwen2 of that shape instead of --model")
+    ap.add_argument("--profile", action="store_true", help="clawloop only: where its step time goes")
     ap.add_argument("--prompts", type=int, default=2, help="distinct prompts per step")
     ap.add_argument("--group", type=int, default=4, help="completions per prompt (GRPO group size)")
     ap.add_argument("--max-tokens", type=int, default=16, help="longest completion")
@@ -354,6 +468,13 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     if any(v not in ("full", "lora") for v in variants) or not variants:
         ap.error(f"--variants: expected full and/or lora, got {a.variants!r}")
+    if a.model and a.shape:
+        ap.error("--model and --shape: one or the other")
+    with tempfile.TemporaryDirectory(prefix="clawloop-bench-model-") as tmp:
+        return bench(a, variants, random_model(a.shape, a.seed, tmp) if a.shape else "")
+
+
+def bench(a: argparse.Namespace, variants: list[str], model: str) -> int:
     try:
         import datasets  # noqa: F401
         import trl
@@ -368,10 +489,25 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)  # deprecation notices from inside TRL/transformers
     torch.set_num_threads(a.threads)
-    model = resolve_model(a.model)
+    model = model or resolve_model(a.model)
+    label = f"random {a.shape} ({model})" if a.shape else model
     target_modules = list(TrainConfig().lora_target_modules)
     n_steps = 1 + a.steps  # warm-up + timed
     flat = make_questions(a.reps * len(variants) * n_steps * a.prompts, a.seed)
+
+    if a.profile:
+        phases: dict[str, dict[str, float]] = {}
+        for i, v in enumerate(variants):
+            qs = flat[i * n_steps * a.prompts:(i + 1) * n_steps * a.prompts]
+            questions = [qs[j * a.prompts:(j + 1) * a.prompts] for j in range(n_steps)]
+            phases[v] = {}
+            for _ in range(a.reps):
+                with tempfile.TemporaryDirectory(prefix="clawloop-bench-clawloop-") as tmp:
+                    asyncio.run(clawloop_run(model, questions, a, v == "lora", tmp, phases[v]))
+        print(f"\nmodel {label}; {a.prompts} prompts x group {a.group}, <= {a.max_tokens} completion tokens; "
+              f"{a.threads} torch threads")
+        report_profile(phases)
+        return 0
 
     load_before = os.getloadavg()[0]
     results: dict[str, dict[str, Timing]] = {v: {s: Timing() for s in SIDES} for v in variants}
@@ -391,12 +527,13 @@ def main(argv: list[str] | None = None) -> int:
                 r.generate_s += t.generate_s
                 r.publish_s += t.publish_s
                 r.reward_mean += t.reward_mean
+                r.rounds.append(sum(t.tokens) / sum(t.step_s))
                 print(f"  {v:<4} rep {rep} {side:<8} s/step {statistics.median(t.step_s):.3f}  "
                       f"tokens/step {sum(t.tokens) / len(t.tokens):.1f}", flush=True)
 
     load_after = os.getloadavg()[0]
-    rows = report(results, a, model, (load_before, load_after))
-    print(json.dumps({"bench": "train_vs_trl", "model": model, "trl": trl.__version__,
+    rows = report(results, a, label, (load_before, load_after))
+    print(json.dumps({"bench": "train_vs_trl", "model": label, "trl": trl.__version__,
                       "transformers": transformers.__version__, "torch": torch.__version__,
                       "threads": a.threads, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"], "cpus": os.cpu_count(),
                       "loadavg_1m": [round(load_before, 2), round(load_after, 2)], "prompts": a.prompts,
