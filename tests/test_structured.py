@@ -228,3 +228,21 @@ def test_tool_messages_must_answer_the_calls_made(gateway):
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(model="m", messages=msgs, tools=[ADD], max_tokens=2)
         assert e.value.body["param"] == param, e.value.body
+
+
+def test_a_call_cut_by_max_tokens_is_the_same_streamed_or_not(gateway):
+    """A reply that runs out of tokens inside a call: finish_reason `length`, the partial call as a tool
+    call (as OpenAI reports it), no markup left in the content — identically with and without stream."""
+    c = gateway.client()
+    kw = dict(model="m", messages=Q, tools=[ADD], tool_choice={"type": "function", "function": {"name": "add"}},
+              max_tokens=20, seed=5, temperature=1.0)
+    r = c.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "length"
+    (call,) = ch.message.tool_calls
+    assert call.function.name == "add" and "<tool_call>" not in (ch.message.content or "")
+    chunks = list(c.chat.completions.create(**kw, stream=True))
+    deltas = [tc for x in chunks if x.choices for tc in (x.choices[0].delta.tool_calls or [])]
+    assert deltas[0].function.name == "add"
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+    assert [x.choices[0].finish_reason for x in chunks if x.choices][-1] == "length"

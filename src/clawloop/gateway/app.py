@@ -420,6 +420,8 @@ class _Ctx:
         c.text.sent = len(c.text.text)
         owed: list[dict[str, Any]] = []
         if self.use_tools:
+            if c.text.in_tool:
+                c.calls.feed(c.text.text)  # a reply that was not streamed: the same calls a stream would have
             rest_content, calls, owed = c.calls.finish(rest, offset=sent)
             if calls:
                 c.tool_calls = calls
