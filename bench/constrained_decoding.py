@@ -49,6 +49,8 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "age": {"type": "integer", "minimum": 0, "maximum": 150},
                                            "likes_tea": {"enum": ["yes", "no"]}},
           "required": ["name", "age", "likes_tea"], "additionalProperties": False}
+MAX_TOKENS = 96
+"""Per reply in the validity runs: a reply cut here is incomplete whatever the grammar (counted apart)."""
 CITIES = ["Paris", "Lima", "Oslo", "Cairo", "Tokyo", "Quito", "Perth", "Dakar"]
 NAMES = ["Ana", "Bo", "Chen", "Dara", "Eli", "Femi", "Gus", "Hana"]
 
@@ -95,9 +97,15 @@ def build(body: dict, renderer, constrained: bool) -> tuple[list[int], dict | No
     return ids, tag
 
 
-async def generate(engine, ids, tag, max_tokens, seed, temperature=0.7) -> list[int]:
+async def generate(engine, ids, tag, max_tokens, seed, temperature=0.7, finish: list | None = None) -> list[int]:
     p = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed, constraint=tag)
-    return [ev.token_id async for ev in engine.generate(GenerationRequest(ids, p)) if ev.token_id is not None]
+    out = []
+    async for ev in engine.generate(GenerationRequest(ids, p)):
+        if ev.token_id is not None:
+            out.append(ev.token_id)
+        if ev.finish_reason is not None and finish is not None:
+            finish.append(ev.finish_reason)
+    return out
 
 
 async def validity(engine, renderer, n: int) -> dict:
@@ -110,10 +118,15 @@ async def validity(engine, renderer, n: int) -> dict:
     out: dict = {}
     sem = asyncio.Semaphore(8)
     for constrained in (False, True):
+        cut: list = []
+
         async def one_tool(i, body):
             async with sem:
                 ids, tag = build(body, renderer, constrained)
-                text = engine.tokenizer.decode(await generate(engine, ids, tag, 96, i), skip_special_tokens=True)
+                fin: list = []
+                text = engine.tokenizer.decode(await generate(engine, ids, tag, MAX_TOKENS, i, finish=fin),
+                                               skip_special_tokens=True)
+            cut.append(("tool", "<tool_call>" in text, fin == ["length"]))
             _, calls, _ = ToolCallStream().finish(text)
             attempted = "<tool_call>" in text
             ok = False
@@ -129,7 +142,10 @@ async def validity(engine, renderer, n: int) -> dict:
         async def one_json(i, body):
             async with sem:
                 ids, tag = build(body, renderer, constrained)
-                text = engine.tokenizer.decode(await generate(engine, ids, tag, 96, i), skip_special_tokens=True)
+                fin: list = []
+                text = engine.tokenizer.decode(await generate(engine, ids, tag, MAX_TOKENS, i, finish=fin),
+                                               skip_special_tokens=True)
+            cut.append(("json", True, fin == ["length"]))
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError:
@@ -142,7 +158,9 @@ async def validity(engine, renderer, n: int) -> dict:
         out[key] = {"tool_call_attempted": sum(a for a, _ in tools) / n,
                     "tool_call_valid": sum(v for _, v in tools) / n,
                     "valid_among_attempted": (sum(v for _, v in tools) / max(1, sum(a for a, _ in tools))),
-                    "json_valid": sum(jsons) / n}
+                    "json_valid": sum(jsons) / n,
+                    "tool_calls_cut_by_max_tokens": sum(1 for k, a, c in cut if k == "tool" and a and c),
+                    "json_cut_by_max_tokens": sum(1 for k, _, c in cut if k == "json" and c)}
     return out
 
 
@@ -214,7 +232,8 @@ def main() -> None:
               f"ratio {v['ratio']}, mask fill {v['mask_fill_us_per_token']} us/token")
     for k, v in res["validity"].items():
         print(f"{k:12s} tool call attempted {v['tool_call_attempted']:.1%}  valid {v['tool_call_valid']:.1%}  "
-              f"(valid among attempted {v['valid_among_attempted']:.1%})  json valid {v['json_valid']:.1%}")
+              f"(valid among attempted {v['valid_among_attempted']:.1%})  json valid {v['json_valid']:.1%}  "
+              f"cut by max_tokens: calls {v['tool_calls_cut_by_max_tokens']}, json {v['json_cut_by_max_tokens']}")
     print(json.dumps(res))
 
 
