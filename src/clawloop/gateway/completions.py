@@ -50,7 +50,8 @@ from starlette.background import BackgroundTask
 
 from clawloop.engines.base import EngineUnavailable, GenerationRequest, SamplingParams, TokenEvent
 from clawloop.gateway.app import _TIMED_OUT, Gateway, choice_seed, drain, timeout_error, unavailable_error
-from clawloop.gateway.protocol import MAX_N, MAX_TOP_LOGPROBS, APIError, parse_json_body, parse_sampling
+from clawloop.gateway.protocol import (MAX_N, MAX_TOP_LOGPROBS, APIError, bad_value, number_field,
+                                       parse_json_body, parse_sampling)
 from clawloop.gateway.render import Detokenizer, TextStream
 from clawloop.records import TURN_SIDE, Turn
 
@@ -62,24 +63,6 @@ MAX_PROMPTS = 64
 MAX_CHOICES = 256
 """Prompts x best_of generated for one request at most."""
 _KNOBS = {f.name for f in dataclasses.fields(SamplingParams)}
-
-
-def _bad(message: str, param: str | None, code: str = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
-def _number(body: dict, key: str, lo: float, hi: float, default: Any, *, integer: bool = False,
-            lo_open: bool = False) -> Any:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not float(v).is_integer()):
-        raise _bad(f"Invalid type for '{key}': expected {'an integer' if integer else 'a number'}.", key,
-                   code="invalid_type")
-    if v < lo or v > hi or (lo_open and v == lo):
-        raise _bad(f"Invalid value for '{key}': {v} is out of range (must be {'>' if lo_open else '>='} {lo} "
-                   f"and <= {hi}).", key)
-    return int(v) if integer else float(v)
 
 
 @dataclass
@@ -119,7 +102,7 @@ def _prompts(raw: Any, tok: Any, vocab: int, min_tokens: Callable[[int], int],
     """`prompt` in any of its four forms → (ids per prompt, text per prompt). `min_tokens(chars)`
     bounds a string's token count from below, so a hopeless one is refused without tokenizing it."""
     if raw is None:
-        raise _bad("Missing required parameter: 'prompt'.", "prompt", code="missing_required_parameter")
+        raise bad_value("Missing required parameter: 'prompt'.", "prompt", code="missing_required_parameter")
     if isinstance(raw, str):
         items: list[Any] = [raw]
     elif isinstance(raw, list) and raw and all(isinstance(x, int) and not isinstance(x, bool) for x in raw):
@@ -127,16 +110,16 @@ def _prompts(raw: Any, tok: Any, vocab: int, min_tokens: Callable[[int], int],
     elif isinstance(raw, list) and raw:
         items = raw
     else:
-        raise _bad("Invalid value for 'prompt': expected a string, a list of strings, a list of token ids or a "
+        raise bad_value("Invalid value for 'prompt': expected a string, a list of strings, a list of token ids or a "
                    "list of lists of token ids (not empty).", "prompt")
     if len(items) > MAX_PROMPTS:
-        raise _bad(f"Invalid value for 'prompt': at most {MAX_PROMPTS} prompts per request.", "prompt")
+        raise bad_value(f"Invalid value for 'prompt': at most {MAX_PROMPTS} prompts per request.", "prompt")
     ids_out, texts = [], []
     for i, item in enumerate(items):
         p = "prompt" if items[0] is raw or isinstance(raw, str) else f"prompt[{i}]"
         if isinstance(item, str):
             if not item:
-                raise _bad(f"Invalid value for '{p}': the prompt is empty.", p)
+                raise bad_value(f"Invalid value for '{p}': the prompt is empty.", p)
             if (least := min_tokens(len(item))) >= max_len:
                 raise APIError(400, f"This model's maximum context length is {max_len} tokens; your prompt uses "
                                f"at least {least}.", param="prompt", code="context_length_exceeded")
@@ -144,17 +127,17 @@ def _prompts(raw: Any, tok: Any, vocab: int, min_tokens: Callable[[int], int],
             text = item
         elif isinstance(item, list) and item:
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in item):
-                raise _bad(f"Invalid value for '{p}': token ids must be integers.", p)
+                raise bad_value(f"Invalid value for '{p}': token ids must be integers.", p)
             bad = [t for t in item if not 0 <= t < vocab]
             if bad:
-                raise _bad(f"Invalid value for '{p}': token ids {bad[:5]} are outside the vocabulary "
+                raise bad_value(f"Invalid value for '{p}': token ids {bad[:5]} are outside the vocabulary "
                            f"(size {vocab}).", p)
             ids = list(item)
             text = tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         else:
-            raise _bad(f"Invalid value for '{p}': expected a non-empty string or list of token ids.", p)
+            raise bad_value(f"Invalid value for '{p}': expected a non-empty string or list of token ids.", p)
         if not ids:
-            raise _bad(f"Invalid value for '{p}': the prompt has no tokens.", p)
+            raise bad_value(f"Invalid value for '{p}': the prompt has no tokens.", p)
         ids_out.append(ids)
         texts.append(text)
     return ids_out, texts
@@ -166,78 +149,78 @@ def parse_completion_request(body: dict[str, Any], tok: Any, vocab: int, max_len
     req = CompletionRequest(prompts=prompts, texts=texts)
     model = body.get("model", "")
     if not isinstance(model, str):
-        raise _bad("Invalid type for 'model': expected a string.", "model", code="invalid_type")
+        raise bad_value("Invalid type for 'model': expected a string.", "model", code="invalid_type")
     req.model = model
     suffix = body.get("suffix")
     if suffix is not None and suffix != "":
-        raise _bad("'suffix' (insertion) is not supported by this server.", "suffix", code="unsupported_parameter")
+        raise bad_value("'suffix' (insertion) is not supported by this server.", "suffix", code="unsupported_parameter")
     for key in ("stream", "echo", "return_token_ids"):
         v = body.get(key)
         if v is not None and not isinstance(v, bool):
-            raise _bad(f"Invalid type for '{key}': expected a boolean.", key, code="invalid_type")
+            raise bad_value(f"Invalid type for '{key}': expected a boolean.", key, code="invalid_type")
     req.stream, req.echo = bool(body.get("stream")), bool(body.get("echo"))
     req.return_token_ids = bool(body.get("return_token_ids"))
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict):
-            raise _bad("Invalid type for 'stream_options': expected an object.", "stream_options",
+            raise bad_value("Invalid type for 'stream_options': expected an object.", "stream_options",
                        code="invalid_type")
         if not req.stream:
-            raise _bad("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+            raise bad_value("'stream_options' is only allowed when 'stream' is true.", "stream_options")
         req.include_usage = bool(so.get("include_usage", False))
-    req.n = _number(body, "n", 1, MAX_N, 1, integer=True)
-    req.best_of = _number(body, "best_of", 1, MAX_N, req.n, integer=True)
+    req.n = number_field(body, "n", 1, MAX_N, 1, integer=True)
+    req.best_of = number_field(body, "best_of", 1, MAX_N, req.n, integer=True)
     if req.best_of < req.n:
-        raise _bad(f"Invalid value for 'best_of': {req.best_of} is less than n ({req.n}).", "best_of")
+        raise bad_value(f"Invalid value for 'best_of': {req.best_of} is less than n ({req.n}).", "best_of")
     if req.best_of > req.n and req.stream:
-        raise _bad("'best_of' greater than 'n' cannot be streamed.", "best_of")
+        raise bad_value("'best_of' greater than 'n' cannot be streamed.", "best_of")
     if len(prompts) * req.best_of > MAX_CHOICES:
-        raise _bad(f"Too many completions in one request: {len(prompts)} prompts x {req.best_of} "
+        raise bad_value(f"Too many completions in one request: {len(prompts)} prompts x {req.best_of} "
                    f"(at most {MAX_CHOICES}).", "prompt")
-    req.max_tokens = _number(body, "max_tokens", 0, max_len, DEFAULT_MAX_TOKENS, integer=True)
+    req.max_tokens = number_field(body, "max_tokens", 0, max_len, DEFAULT_MAX_TOKENS, integer=True)
     if req.max_tokens == 0 and not req.echo:
-        raise _bad("Invalid value for 'max_tokens': 0 is only allowed with 'echo' (scoring the prompt).",
+        raise bad_value("Invalid value for 'max_tokens': 0 is only allowed with 'echo' (scoring the prompt).",
                    "max_tokens")
     req.temperature, req.top_p, req.stop, req.seed = parse_sampling(body)
-    req.logprobs = _number(body, "logprobs", 0, MAX_TOP_LOGPROBS, None, integer=True)
+    req.logprobs = number_field(body, "logprobs", 0, MAX_TOP_LOGPROBS, None, integer=True)
     for key in ("presence_penalty", "frequency_penalty"):
-        v = _number(body, key, -2.0, 2.0, 0.0)
+        v = number_field(body, key, -2.0, 2.0, 0.0)
         if v:
             if key not in _KNOBS:
-                raise _bad(f"'{key}' is not supported by this server's engine.", key, code="unsupported_parameter")
+                raise bad_value(f"'{key}' is not supported by this server's engine.", key, code="unsupported_parameter")
             req.knobs[key] = v
     bias = body.get("logit_bias")
     if bias is not None:
         if not isinstance(bias, dict):
-            raise _bad("Invalid type for 'logit_bias': expected an object of token id -> bias.", "logit_bias",
+            raise bad_value("Invalid type for 'logit_bias': expected an object of token id -> bias.", "logit_bias",
                        code="invalid_type")
         parsed: dict[int, float] = {}
         for k, v in bias.items():
             if not str(k).lstrip("-").isdigit() or not 0 <= int(k) < vocab:
-                raise _bad(f"Invalid key in 'logit_bias': {k!r} is not a token id of this model (0..{vocab - 1}).",
+                raise bad_value(f"Invalid key in 'logit_bias': {k!r} is not a token id of this model (0..{vocab - 1}).",
                            "logit_bias")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
-                raise _bad(f"Invalid value in 'logit_bias' for {k}: expected a number from -100 to 100.",
+                raise bad_value(f"Invalid value in 'logit_bias' for {k}: expected a number from -100 to 100.",
                            "logit_bias")
             parsed[int(k)] = float(v)
         if parsed:
             if "logit_bias" not in _KNOBS:
-                raise _bad("'logit_bias' is not supported by this server's engine.", "logit_bias",
+                raise bad_value("'logit_bias' is not supported by this server's engine.", "logit_bias",
                            code="unsupported_parameter")
             req.knobs["logit_bias"] = parsed
     if body.get("store") is not None and not isinstance(body["store"], bool):
-        raise _bad("Invalid type for 'store': expected a boolean.", "store", code="invalid_type")
+        raise bad_value("Invalid type for 'store': expected a boolean.", "store", code="invalid_type")
     req.store = body.get("store") is not False
     for key in ("session_id", "user", "prompt_cache_key"):
         v = body.get(key)
         if v is not None and not isinstance(v, str):
-            raise _bad(f"Invalid type for '{key}': expected a string.", key, code="invalid_type")
+            raise bad_value(f"Invalid type for '{key}': expected a string.", key, code="invalid_type")
     req.session_id = body.get("session_id") or None
     req.user = body.get("user") or None
     req.prompt_cache_key = body.get("prompt_cache_key") or None
     tt = body.get("turn_type")
     if tt is not None and tt not in ("main", "side"):
-        raise _bad(f"Invalid value for 'turn_type': {tt!r} (main or side).", "turn_type")
+        raise bad_value(f"Invalid value for 'turn_type': {tt!r} (main or side).", "turn_type")
     req.turn_type = tt
     req.session_done = body.get("session_done", False) in (True, 1, "1", "true")
     return req
@@ -608,7 +591,7 @@ async def serve_completions(gw: Gateway, request: Request) -> Response:
                            f"{f' {i}' if len(req.prompts) > 1 else ''} uses {len(ids)}.", param="prompt",
                            code="context_length_exceeded")
     if req.echo and req.logprobs is not None and not can_score_prompts(gw.engine):
-        raise _bad("'echo' with 'logprobs' needs prompt logprobs, which this server's engine does not provide; "
+        raise bad_value("'echo' with 'logprobs' needs prompt logprobs, which this server's engine does not provide; "
                    "drop one of them.", "echo", code="unsupported_parameter")
     sid, _, done = gw.session_of(request, req, tenant)  # type: ignore[arg-type]  # duck-typed: session fields
     if not getattr(gw.engine, "available", True):

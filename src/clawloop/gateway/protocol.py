@@ -56,7 +56,7 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def _bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+def bad_value(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
@@ -140,32 +140,32 @@ def _text_of(content: Any, param: str) -> str:
                 parts.append(part)
                 continue
             if not isinstance(part, dict) or "type" not in part:
-                raise _bad(f"Invalid content part at '{p}': expected an object with a 'type'.", p)
+                raise bad_value(f"Invalid content part at '{p}': expected an object with a 'type'.", p)
             if part["type"] in ("text", "input_text", "output_text"):
                 if not isinstance(part.get("text"), str):
-                    raise _bad(f"Invalid content part at '{p}': 'text' must be a string.", p + ".text")
+                    raise bad_value(f"Invalid content part at '{p}': 'text' must be a string.", p + ".text")
                 parts.append(part["text"])
             else:
-                raise _bad(f"Unsupported content part type {part['type']!r} at '{p}': this model takes text only.",
+                raise bad_value(f"Unsupported content part type {part['type']!r} at '{p}': this model takes text only.",
                            p + ".type", code="unsupported_content")
         return "".join(parts)
-    raise _bad(f"Invalid type for '{param}': expected a string or a list of text parts.", param,
+    raise bad_value(f"Invalid type for '{param}': expected a string or a list of text parts.", param,
                code="invalid_type")
 
 
 def _normalize_tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
     if not isinstance(calls, list):
-        raise _bad(f"'{param}' must be a list.", param, code="invalid_type")
+        raise bad_value(f"'{param}' must be a list.", param, code="invalid_type")
     out = []
     for j, c in enumerate(calls):
         p = f"{param}[{j}]"
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise _bad(f"Invalid tool call at '{p}': expected {{'type': 'function', 'function': {{'name', "
+            raise bad_value(f"Invalid tool call at '{p}': expected {{'type': 'function', 'function': {{'name', "
                        "'arguments'}}}}.", p)
         args = fn.get("arguments", "{}")
         if not isinstance(args, (str, dict)):
-            raise _bad(f"'{p}.function.arguments' must be a JSON string.", p + ".function.arguments")
+            raise bad_value(f"'{p}.function.arguments' must be a JSON string.", p + ".function.arguments")
         out.append({"id": c.get("id") or f"call_{j}", "type": "function",
                     "function": {"name": fn["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
     return out
@@ -173,21 +173,21 @@ def _normalize_tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
 
 def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     if messages is None:
-        raise _bad("Missing required parameter: 'messages'.", "messages", code="missing_required_parameter")
+        raise bad_value("Missing required parameter: 'messages'.", "messages", code="missing_required_parameter")
     if not isinstance(messages, list):
-        raise _bad("Invalid type for 'messages': expected an array.", "messages", code="invalid_type")
+        raise bad_value("Invalid type for 'messages': expected an array.", "messages", code="invalid_type")
     if not messages:
-        raise _bad("'messages' must contain at least one message.", "messages", code="empty_array")
+        raise bad_value("'messages' must contain at least one message.", "messages", code="empty_array")
     out = []
     answering: str | None = None  # the role before the current run of tool messages
     owed: dict[str, int] = {}  # tool_call_id -> index of the assistant message that made the call
     for i, m in enumerate(messages):
         p = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise _bad(f"Invalid type for '{p}': expected an object.", p, code="invalid_type")
+            raise bad_value(f"Invalid type for '{p}': expected an object.", p, code="invalid_type")
         role = m.get("role")
         if role not in ROLES:
-            raise _bad(f"Invalid value for '{p}.role': {role!r}. Supported roles: {', '.join(ROLES)}.",
+            raise bad_value(f"Invalid value for '{p}.role': {role!r}. Supported roles: {', '.join(ROLES)}.",
                        p + ".role")
         if role != "tool":
             _check_answered(owed)
@@ -195,7 +195,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         elif answering != "assistant":
             # Only a tool result that answers the assistant may come in (OpenAI asks for the assistant's
             # `tool_calls`; an assistant that wrote its call as text, as raw Hermes clients do, is accepted).
-            raise _bad(f"Invalid value for '{p}.role': messages with role 'tool' must be a response to a "
+            raise bad_value(f"Invalid value for '{p}.role': messages with role 'tool' must be a response to a "
                        "preceding assistant message with 'tool_calls'.", p + ".role")
         msg: dict[str, Any] = {"role": role}
         content = m.get("content")
@@ -208,7 +208,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
                 msg["content"] = ""
         else:
             if content is None:
-                raise _bad(f"Missing required parameter: '{p}.content'.", p + ".content",
+                raise bad_value(f"Missing required parameter: '{p}.content'.", p + ".content",
                            code="missing_required_parameter")
             msg["content"] = _text_of(content, p + ".content")
         if role == "tool":
@@ -218,10 +218,10 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
                 # answering structured calls (as OpenAI checks): each id once, each a call that was made
                 tid = msg.get("tool_call_id")
                 if tid is None:
-                    raise _bad(f"Missing required parameter: '{p}.tool_call_id'.", p + ".tool_call_id",
+                    raise bad_value(f"Missing required parameter: '{p}.tool_call_id'.", p + ".tool_call_id",
                                code="missing_required_parameter")
                 if tid not in owed:
-                    raise _bad(f"Invalid parameter: '{p}.tool_call_id' {tid!r} does not answer a tool call of the "
+                    raise bad_value(f"Invalid parameter: '{p}.tool_call_id' {tid!r} does not answer a tool call of the "
                                "preceding assistant message (or answers it twice).", p + ".tool_call_id")
                 del owed[tid]
             if m.get("name") is not None:
@@ -237,7 +237,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
 def _check_answered(owed: dict[str, int]) -> None:
     if owed:
         j = next(iter(owed.values()))
-        raise _bad(f"An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+        raise bad_value(f"An assistant message with 'tool_calls' must be followed by tool messages responding to each "
                    f"'tool_call_id'. The following tool_call_ids did not have response messages: "
                    f"{', '.join(owed)}.", f"messages[{j}].tool_calls")
 
@@ -246,24 +246,24 @@ def _normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
-        raise _bad("Invalid type for 'tools': expected an array.", "tools", code="invalid_type")
+        raise bad_value("Invalid type for 'tools': expected an array.", "tools", code="invalid_type")
     out = []
     for i, t in enumerate(tools):
         p = f"tools[{i}]"
         if not isinstance(t, dict) or t.get("type", "function") != "function":
-            raise _bad(f"Invalid value for '{p}.type': only 'function' tools are supported.", p + ".type")
+            raise bad_value(f"Invalid value for '{p}.type': only 'function' tools are supported.", p + ".type")
         fn = t.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise _bad(f"Missing required parameter: '{p}.function.name'.", p + ".function.name",
+            raise bad_value(f"Missing required parameter: '{p}.function.name'.", p + ".function.name",
                        code="missing_required_parameter")
         if "parameters" in fn and not isinstance(fn["parameters"], dict):
-            raise _bad(f"Invalid type for '{p}.function.parameters': expected a JSON schema object.",
+            raise bad_value(f"Invalid type for '{p}.function.parameters': expected a JSON schema object.",
                        p + ".function.parameters", code="invalid_type")
         out.append({"type": "function", "function": fn})
     names = [t["function"]["name"] for t in out]
     for i, n in enumerate(names):
         if names.index(n) != i:
-            raise _bad(f"Invalid value for 'tools[{i}].function.name': {n!r} is offered twice.",
+            raise bad_value(f"Invalid value for 'tools[{i}].function.name': {n!r} is offered twice.",
                        f"tools[{i}].function.name")
     return out or None
 
@@ -273,18 +273,18 @@ def _response_format(body: dict) -> dict[str, Any] | None:
     if rf is None:
         return None
     if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
-        raise _bad("Invalid value for 'response_format': expected {'type': 'text' | 'json_object' | "
+        raise bad_value("Invalid value for 'response_format': expected {'type': 'text' | 'json_object' | "
                    "'json_schema'}.", "response_format")
     if rf["type"] == "text":
         return None
     if rf["type"] == "json_schema":
         js = rf.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("name"), str) or not js["name"]:
-            raise _bad("Missing required parameter: 'response_format.json_schema.name'.",
+            raise bad_value("Missing required parameter: 'response_format.json_schema.name'.",
                        "response_format.json_schema.name", code="missing_required_parameter")
         schema = js.get("schema", {})
         if not isinstance(schema, dict):
-            raise _bad("Invalid type for 'response_format.json_schema.schema': expected a JSON schema object.",
+            raise bad_value("Invalid type for 'response_format.json_schema.schema': expected a JSON schema object.",
                        "response_format.json_schema.schema", code="invalid_type")
         return {"type": "json_schema", "json_schema": {**js, "schema": schema}}
     return {"type": "json_object"}
@@ -295,31 +295,31 @@ def _logit_bias(body: dict) -> dict[int, float] | None:
     if lb is None:
         return None
     if not isinstance(lb, dict):
-        raise _bad("Invalid type for 'logit_bias': expected an object mapping token ids to biases.", "logit_bias",
+        raise bad_value("Invalid type for 'logit_bias': expected an object mapping token ids to biases.", "logit_bias",
                    code="invalid_type")
     if len(lb) > MAX_LOGIT_BIAS:
-        raise _bad(f"Invalid value for 'logit_bias': at most {MAX_LOGIT_BIAS} entries.", "logit_bias")
+        raise bad_value(f"Invalid value for 'logit_bias': at most {MAX_LOGIT_BIAS} entries.", "logit_bias")
     out: dict[int, float] = {}
     for k, v in lb.items():
         if not (isinstance(k, str) and k.strip().lstrip("-").isdigit()) or int(k) < 0:
-            raise _bad(f"Invalid key in 'logit_bias': {k!r} is not a token id.", "logit_bias")
+            raise bad_value(f"Invalid key in 'logit_bias': {k!r} is not a token id.", "logit_bias")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
-            raise _bad(f"Invalid value in 'logit_bias' for {k}: {v!r} (a number from -100 to 100).", "logit_bias")
+            raise bad_value(f"Invalid value in 'logit_bias' for {k}: {v!r} (a number from -100 to 100).", "logit_bias")
         out[int(k)] = float(v)
     return out or None
 
 
-def _number(body: dict, key: str, lo: float, hi: float, default: float, *, integer: bool = False,
+def number_field(body: dict, key: str, lo: float, hi: float, default: Any, *, integer: bool = False,
             lo_open: bool = False) -> Any:
     v = body.get(key)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not float(v).is_integer()):
-        raise _bad(f"Invalid type for '{key}': expected {'an integer' if integer else 'a number'}.", key,
+        raise bad_value(f"Invalid type for '{key}': expected {'an integer' if integer else 'a number'}.", key,
                    code="invalid_type")
     if v < lo or v > hi or (lo_open and v == lo):
         lo_s = f"> {lo}" if lo_open else f">= {lo}"
-        raise _bad(f"Invalid value for '{key}': {v} is out of range (must be {lo_s} and <= {hi}).", key)
+        raise bad_value(f"Invalid value for '{key}': {v} is out of range (must be {lo_s} and <= {hi}).", key)
     return int(v) if integer else float(v)
 
 
@@ -328,46 +328,46 @@ def _bool(body: dict, key: str, default: bool = False) -> bool:
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise _bad(f"Invalid type for '{key}': expected a boolean.", key, code="invalid_type")
+        raise bad_value(f"Invalid type for '{key}': expected a boolean.", key, code="invalid_type")
     return v
 
 
 def parse_sampling(body: dict[str, Any]) -> tuple[float, float, list[str], int | None]:
     """`temperature` (tiny ones mean greedy: 0), `top_p`, `stop` and `seed`, as chat and completions
     both take them."""
-    temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
+    temperature = number_field(body, "temperature", 0.0, 2.0, 1.0)
     if temperature < GREEDY_BELOW:
         temperature = 0.0
-    top_p = _number(body, "top_p", 0.0, 1.0, 1.0, lo_open=True)
+    top_p = number_field(body, "top_p", 0.0, 1.0, 1.0, lo_open=True)
     stops: list[str] = []
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise _bad("Invalid value for 'stop': expected a non-empty string or an array of them.", "stop")
+            raise bad_value("Invalid value for 'stop': expected a non-empty string or an array of them.", "stop")
         if len(stops) > MAX_STOP:
-            raise _bad(f"Invalid value for 'stop': at most {MAX_STOP} sequences.", "stop")
+            raise bad_value(f"Invalid value for 'stop': at most {MAX_STOP} sequences.", "stop")
     seed = body.get("seed")
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise _bad("Invalid type for 'seed': expected an integer.", "seed", code="invalid_type")
+            raise bad_value("Invalid type for 'seed': expected an integer.", "seed", code="invalid_type")
         if not INT64[0] <= seed <= INT64[1]:
-            raise _bad(f"Invalid value for 'seed': {seed} is out of range (a 64-bit signed integer).", "seed")
+            raise bad_value(f"Invalid value for 'seed': {seed} is out of range (a 64-bit signed integer).", "seed")
     return temperature, top_p, list(stops), seed
 
 
 def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
     for key, why in UNSUPPORTED.items():
         if body.get(key) is not None:
-            raise _bad(f"Unsupported parameter: '{key}': {why}.", key, code="unsupported_parameter")
+            raise bad_value(f"Unsupported parameter: '{key}': {why}.", key, code="unsupported_parameter")
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
-        raise _bad("Unsupported value for 'modalities': this model produces text only (['text']).", "modalities",
+        raise bad_value("Unsupported value for 'modalities': this model produces text only (['text']).", "modalities",
                    code="unsupported_parameter")
     req = ChatRequest(messages=normalize_messages(body.get("messages")))
     model = body.get("model", "")
     if not isinstance(model, str):
-        raise _bad("Invalid type for 'model': expected a string.", "model", code="invalid_type")
+        raise bad_value("Invalid type for 'model': expected a string.", "model", code="invalid_type")
     req.model = model
     req.tools = _normalize_tools(body.get("tools"))
     tc = body.get("tool_choice", "auto")
@@ -375,14 +375,14 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
         tc = "auto"
     if isinstance(tc, str):
         if tc not in ("auto", "none", "required"):
-            raise _bad(f"Invalid value for 'tool_choice': {tc!r}.", "tool_choice")
+            raise bad_value(f"Invalid value for 'tool_choice': {tc!r}.", "tool_choice")
     elif not (isinstance(tc, dict) and isinstance(tc.get("function"), dict) and tc["function"].get("name")):
-        raise _bad("Invalid value for 'tool_choice': expected 'auto', 'none', 'required' or "
+        raise bad_value("Invalid value for 'tool_choice': expected 'auto', 'none', 'required' or "
                    "{'type': 'function', 'function': {'name'}}.", "tool_choice")
     if tc != "auto" and tc != "none" and not req.tools:
-        raise _bad("'tool_choice' is set but no 'tools' were given.", "tool_choice")
+        raise bad_value("'tool_choice' is set but no 'tools' were given.", "tool_choice")
     if isinstance(tc, dict) and tc["function"]["name"] not in [t["function"]["name"] for t in req.tools or ()]:
-        raise _bad(f"Invalid value for 'tool_choice': no tool named {tc['function']['name']!r} was offered.",
+        raise bad_value(f"Invalid value for 'tool_choice': no tool named {tc['function']['name']!r} was offered.",
                    "tool_choice")
     req.tool_choice = tc
     req.parallel_tool_calls = _bool(body, "parallel_tool_calls", True)
@@ -391,66 +391,66 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict):
-            raise _bad("Invalid type for 'stream_options': expected an object.", "stream_options",
+            raise bad_value("Invalid type for 'stream_options': expected an object.", "stream_options",
                        code="invalid_type")
         if not req.stream:
-            raise _bad("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+            raise bad_value("'stream_options' is only allowed when 'stream' is true.", "stream_options")
         req.include_usage = bool(so.get("include_usage", False))
-    req.n = _number(body, "n", 1, MAX_N, 1, integer=True)
+    req.n = number_field(body, "n", 1, MAX_N, 1, integer=True)
     mt = body.get("max_completion_tokens", body.get("max_tokens"))
     if mt is not None:
         key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        req.max_tokens = _number({key: mt}, key, 1, max_model_len, 0, integer=True)
+        req.max_tokens = number_field({key: mt}, key, 1, max_model_len, 0, integer=True)
     req.temperature, req.top_p, req.stop, req.seed = parse_sampling(body)
     req.logprobs = _bool(body, "logprobs")
-    req.top_logprobs = _number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0, integer=True)
+    req.top_logprobs = number_field(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0, integer=True)
     if req.top_logprobs and not req.logprobs:
-        raise _bad("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
-    req.presence_penalty = _number(body, "presence_penalty", -2.0, 2.0, 0.0)
-    req.frequency_penalty = _number(body, "frequency_penalty", -2.0, 2.0, 0.0)
+        raise bad_value("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
+    req.presence_penalty = number_field(body, "presence_penalty", -2.0, 2.0, 0.0)
+    req.frequency_penalty = number_field(body, "frequency_penalty", -2.0, 2.0, 0.0)
     req.logit_bias = _logit_bias(body)
     store = body.get("store")
     if store is not None and not isinstance(store, bool):
-        raise _bad("Invalid type for 'store': expected a boolean.", "store", code="invalid_type")
+        raise bad_value("Invalid type for 'store': expected a boolean.", "store", code="invalid_type")
     req.store = store
     md = body.get("metadata")
     if md is not None:
         if (not isinstance(md, dict) or len(md) > 16
                 or not all(isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
                            for k, v in md.items())):
-            raise _bad("Invalid value for 'metadata': at most 16 string keys (<= 64 chars) with string values "
+            raise bad_value("Invalid value for 'metadata': at most 16 string keys (<= 64 chars) with string values "
                        "(<= 512 chars).", "metadata")
         req.metadata = dict(md)
     tier = body.get("service_tier")
     if tier is not None and tier not in ("auto", "default"):
-        raise _bad(f"Unsupported value for 'service_tier': {tier!r}: this server has one tier ('auto' or "
+        raise bad_value(f"Unsupported value for 'service_tier': {tier!r}: this server has one tier ('auto' or "
                    "'default').", "service_tier", code="unsupported_parameter")
     req.service_tier = tier
     for key in ("prompt_cache_key", "safety_identifier"):
         v = body.get(key)
         if v is not None and not isinstance(v, str):
-            raise _bad(f"Invalid type for '{key}': expected a string.", key, code="invalid_type")
+            raise bad_value(f"Invalid type for '{key}': expected a string.", key, code="invalid_type")
     req.prompt_cache_key = body.get("prompt_cache_key") or None
     req.safety_identifier = body.get("safety_identifier") or None
     if body.get("prompt_cache_retention") not in (None, "in-memory", "in_memory"):
-        raise _bad("Unsupported value for 'prompt_cache_retention': prompts are cached in memory only.",
+        raise bad_value("Unsupported value for 'prompt_cache_retention': prompts are cached in memory only.",
                    "prompt_cache_retention", code="unsupported_parameter")
     req.return_token_ids = _bool(body, "return_token_ids")
     req.continue_final_message = _bool(body, "continue_final_message")
     agp = _bool(body, "add_generation_prompt", True)
     if req.continue_final_message:
         if agp and "add_generation_prompt" in body:
-            raise _bad("'continue_final_message' needs 'add_generation_prompt': false.", "add_generation_prompt")
+            raise bad_value("'continue_final_message' needs 'add_generation_prompt': false.", "add_generation_prompt")
         if req.messages[-1]["role"] != "assistant":
-            raise _bad("'continue_final_message' needs the last message to be the assistant's.",
+            raise bad_value("'continue_final_message' needs the last message to be the assistant's.",
                        "continue_final_message")
     sid = body.get("session_id")
     if sid is not None and not isinstance(sid, str):
-        raise _bad("Invalid type for 'session_id': expected a string.", "session_id", code="invalid_type")
+        raise bad_value("Invalid type for 'session_id': expected a string.", "session_id", code="invalid_type")
     req.session_id = sid or None
     tt = body.get("turn_type")
     if tt is not None and tt not in ("main", "side"):
-        raise _bad(f"Invalid value for 'turn_type': {tt!r} (main or side).", "turn_type")
+        raise bad_value(f"Invalid value for 'turn_type': {tt!r} (main or side).", "turn_type")
     req.turn_type = tt
     sd = body.get("session_done", False)
     req.session_done = sd in (True, 1, "1", "true")

@@ -47,16 +47,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from clawloop.gateway.app import Gateway
-from clawloop.gateway.protocol import APIError, parse_json_body
+from clawloop.gateway.protocol import APIError, bad_value, parse_json_body
 from clawloop.gateway.responses_store import ResponseRecord, ResponseStore
 
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
-
-
-def _bad(message: str, param: str | None, code: str = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
 
 
 def _hex() -> str:
@@ -70,21 +66,21 @@ def _text(content: Any, param: str, role: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(f"Invalid type for '{param}': expected a string or a list of content parts.", param,
+        raise bad_value(f"Invalid type for '{param}': expected a string or a list of content parts.", param,
                    code="invalid_type")
     out = []
     for j, part in enumerate(content):
         p = f"{param}[{j}]"
         if not isinstance(part, dict):
-            raise _bad(f"Invalid type for '{p}': expected an object.", p, code="invalid_type")
+            raise bad_value(f"Invalid type for '{p}': expected an object.", p, code="invalid_type")
         t = part.get("type")
         key = "refusal" if t == "refusal" else "text"
         if t in ("input_text", "output_text", "text") or (t == "refusal" and role == "assistant"):
             if not isinstance(part.get(key), str):
-                raise _bad(f"Invalid value for '{p}.{key}': expected a string.", f"{p}.{key}", code="invalid_type")
+                raise bad_value(f"Invalid value for '{p}.{key}': expected a string.", f"{p}.{key}", code="invalid_type")
             out.append(part[key])
         else:
-            raise _bad(f"Unsupported content part type {t!r} at '{p}': this model takes text only.", f"{p}.type",
+            raise bad_value(f"Unsupported content part type {t!r} at '{p}': this model takes text only.", f"{p}.type",
                        code="unsupported_content")
     return "".join(out)
 
@@ -93,32 +89,32 @@ def input_to_messages(raw: Any) -> list[dict[str, Any]]:
     """Responses `input` (a string or a list of items) → chat messages."""
     if isinstance(raw, str):
         if not raw:
-            raise _bad("Invalid value for 'input': the input is empty.", "input")
+            raise bad_value("Invalid value for 'input': the input is empty.", "input")
         return [{"role": "user", "content": raw}]
     if raw is None:
-        raise _bad("Missing required parameter: 'input'.", "input", code="missing_required_parameter")
+        raise bad_value("Missing required parameter: 'input'.", "input", code="missing_required_parameter")
     if not isinstance(raw, list) or not raw:
-        raise _bad("Invalid value for 'input': expected a non-empty string or a non-empty list of items.", "input")
+        raise bad_value("Invalid value for 'input': expected a non-empty string or a non-empty list of items.", "input")
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # call_id → function name, for the tool messages
     for i, item in enumerate(raw):
         p = f"input[{i}]"
         if not isinstance(item, dict):
-            raise _bad(f"Invalid type for '{p}': expected an object.", p, code="invalid_type")
+            raise bad_value(f"Invalid type for '{p}': expected an object.", p, code="invalid_type")
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in _MESSAGE_ROLES:
-                raise _bad(f"Invalid value for '{p}.role': {role!r}. Supported: {', '.join(_MESSAGE_ROLES)}.",
+                raise bad_value(f"Invalid value for '{p}.role': {role!r}. Supported: {', '.join(_MESSAGE_ROLES)}.",
                            f"{p}.role")
             if "content" not in item:
-                raise _bad(f"Missing required parameter: '{p}.content'.", f"{p}.content",
+                raise bad_value(f"Missing required parameter: '{p}.content'.", f"{p}.content",
                            code="missing_required_parameter")
             out.append({"role": role, "content": _text(item["content"], f"{p}.content", role)})
         elif kind == "function_call":
             for key in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(key), str):
-                    raise _bad(f"Invalid value for '{p}.{key}': expected a string.", f"{p}.{key}",
+                    raise bad_value(f"Invalid value for '{p}.{key}': expected a string.", f"{p}.{key}",
                                code="missing_required_parameter" if key not in item else "invalid_type")
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
@@ -132,10 +128,10 @@ def input_to_messages(raw: Any) -> list[dict[str, Any]]:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
-                raise _bad(f"Missing required parameter: '{p}.call_id'.", f"{p}.call_id",
+                raise bad_value(f"Missing required parameter: '{p}.call_id'.", f"{p}.call_id",
                            code="missing_required_parameter")
             if "output" not in item:
-                raise _bad(f"Missing required parameter: '{p}.output'.", f"{p}.output",
+                raise bad_value(f"Missing required parameter: '{p}.output'.", f"{p}.output",
                            code="missing_required_parameter")
             msg = {"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"], f"{p}.output",
                                                                                    "tool")}
@@ -143,7 +139,7 @@ def input_to_messages(raw: Any) -> list[dict[str, Any]]:
                 msg["name"] = names[item["call_id"]]
             out.append(msg)
         else:
-            raise _bad(f"Unsupported input item type {kind!r} at '{p}': this server takes message, function_call "
+            raise bad_value(f"Unsupported input item type {kind!r} at '{p}': this server takes message, function_call "
                        "and function_call_output items.", f"{p}.type", code="unsupported_value")
     return out
 
@@ -152,16 +148,16 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
     if raw is None:
         return None
     if not isinstance(raw, list):
-        raise _bad("Invalid type for 'tools': expected an array.", "tools", code="invalid_type")
+        raise bad_value("Invalid type for 'tools': expected an array.", "tools", code="invalid_type")
     out = []
     for i, t in enumerate(raw):
         p = f"tools[{i}]"
         if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
-            raise _bad(f"Unsupported tool type {kind!r} at '{p}.type': only function tools are supported.",
+            raise bad_value(f"Unsupported tool type {kind!r} at '{p}.type': only function tools are supported.",
                        f"{p}.type", code="unsupported_value")
         if not isinstance(t.get("name"), str) or not t["name"]:
-            raise _bad(f"Missing required parameter: '{p}.name'.", f"{p}.name", code="missing_required_parameter")
+            raise bad_value(f"Missing required parameter: '{p}.name'.", f"{p}.name", code="missing_required_parameter")
         fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out or None
@@ -172,7 +168,7 @@ def _tool_choice(raw: Any) -> Any:
         return raw
     if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str):
         return {"type": "function", "function": {"name": raw["name"]}}
-    raise _bad("Invalid value for 'tool_choice': expected 'auto', 'none', 'required' or "
+    raise bad_value("Invalid value for 'tool_choice': expected 'auto', 'none', 'required' or "
                "{'type': 'function', 'name'}.", "tool_choice", code="unsupported_value")
 
 
@@ -180,16 +176,16 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     if text is None:
         return None
     if not isinstance(text, dict):
-        raise _bad("Invalid type for 'text': expected an object.", "text", code="invalid_type")
+        raise bad_value("Invalid type for 'text': expected an object.", "text", code="invalid_type")
     verbosity = text.get("verbosity")
     if verbosity not in (None, "medium"):
-        raise _bad(f"Invalid value for 'text.verbosity': {verbosity!r} is not supported (only 'medium').",
+        raise bad_value(f"Invalid value for 'text.verbosity': {verbosity!r} is not supported (only 'medium').",
                    "text.verbosity", code="unsupported_value")
     fmt = text.get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, dict):
-        raise _bad("Invalid type for 'text.format': expected an object.", "text.format", code="invalid_type")
+        raise bad_value("Invalid type for 'text.format': expected an object.", "text.format", code="invalid_type")
     kind = fmt.get("type")
     if kind == "text":
         return None
@@ -197,12 +193,12 @@ def _response_format(text: Any) -> dict[str, Any] | None:
         return {"type": "json_object"}
     if kind == "json_schema":
         if not isinstance(fmt.get("schema"), dict):
-            raise _bad("Missing required parameter: 'text.format.schema'.", "text.format.schema",
+            raise bad_value("Missing required parameter: 'text.format.schema'.", "text.format.schema",
                        code="missing_required_parameter")
         js = {k: fmt[k] for k in ("name", "schema", "strict", "description") if fmt.get(k) is not None}
         js.setdefault("name", "response")
         return {"type": "json_schema", "json_schema": js}
-    raise _bad(f"Invalid value for 'text.format.type': {kind!r} (text, json_object or json_schema).",
+    raise bad_value(f"Invalid value for 'text.format.type': {kind!r} (text, json_object or json_schema).",
                "text.format.type")
 
 
@@ -245,29 +241,29 @@ _REFUSED = {
 def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
     for key, why in _REFUSED.items():
         if body.get(key) not in (None, False):
-            raise _bad(f"'{key}' is not supported by this server: {why}.", key, code="unsupported_parameter")
+            raise bad_value(f"'{key}' is not supported by this server: {why}.", key, code="unsupported_parameter")
     reasoning = body.get("reasoning")
     if reasoning is not None and (not isinstance(reasoning, dict) or any(v is not None for v in reasoning.values())):
-        raise _bad("'reasoning' settings are not supported by this model.", "reasoning", code="unsupported_parameter")
+        raise bad_value("'reasoning' settings are not supported by this model.", "reasoning", code="unsupported_parameter")
     if body.get("truncation") not in (None, "disabled"):
-        raise _bad("'truncation: auto' is not supported: an input over the context is refused instead.",
+        raise bad_value("'truncation: auto' is not supported: an input over the context is refused instead.",
                    "truncation", code="unsupported_parameter")
     model = body.get("model", "")
     if not isinstance(model, str):
-        raise _bad("Invalid type for 'model': expected a string.", "model", code="invalid_type")
+        raise bad_value("Invalid type for 'model': expected a string.", "model", code="invalid_type")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise _bad("Invalid type for 'instructions': expected a string.", "instructions", code="invalid_type")
+        raise bad_value("Invalid type for 'instructions': expected a string.", "instructions", code="invalid_type")
     prev = body.get("previous_response_id")
     if prev is not None and (not isinstance(prev, str) or not prev):
-        raise _bad("Invalid type for 'previous_response_id': expected a string.", "previous_response_id",
+        raise bad_value("Invalid type for 'previous_response_id': expected a string.", "previous_response_id",
                    code="invalid_type")
     for key in ("stream", "store", "parallel_tool_calls"):
         if body.get(key) is not None and not isinstance(body[key], bool):
-            raise _bad(f"Invalid type for '{key}': expected a boolean.", key, code="invalid_type")
+            raise bad_value(f"Invalid type for '{key}': expected a boolean.", key, code="invalid_type")
     include = body.get("include") or []
     if not isinstance(include, list) or any(x != LOGPROBS_INCLUDE for x in include):
-        raise _bad(f"Invalid value for 'include': only '{LOGPROBS_INCLUDE}' is supported.", "include",
+        raise bad_value(f"Invalid value for 'include': only '{LOGPROBS_INCLUDE}' is supported.", "include",
                    code="unsupported_value")
     top_logprobs = body.get("top_logprobs")
     stream = bool(body.get("stream"))
@@ -310,9 +306,9 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
     sid, tt, user = body.get("session_id"), body.get("turn_type"), body.get("user")
     for key, v in (("session_id", sid), ("user", user)):
         if v is not None and not isinstance(v, str):
-            raise _bad(f"Invalid type for '{key}': expected a string.", key, code="invalid_type")
+            raise bad_value(f"Invalid type for '{key}': expected a string.", key, code="invalid_type")
     if tt is not None and tt not in ("main", "side"):
-        raise _bad(f"Invalid value for 'turn_type': {tt!r} (main or side).", "turn_type")
+        raise bad_value(f"Invalid value for 'turn_type': {tt!r} (main or side).", "turn_type")
     req.session = _SessionFields(sid or None, tt, body.get("session_done", False) in (True, 1, "1", "true"),
                                  user or None)
     return req
