@@ -11,7 +11,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # One vLLM release for both builds, so the endpoints clawloop uses are the same on CPU and GPU.
 VLLM_VERSION ?= 0.32.0
 
-.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm
+.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm sysdeps
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,7 +45,21 @@ run: $(STAMP)
 	$(BIN)/clawloop tiny-model --if-missing
 	$(BIN)/clawloop up
 
-test: $(DEVSTAMP)
+# System packages the agent tracks' sandbox needs (bubblewrap). Installed with apt
+# when this runs as root on Debian; elsewhere a note, and the tests that need them
+# skip with the reason.
+SYSPKGS ?= bubblewrap
+sysdeps:
+	@missing=""; for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing system packages:$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; } || \
+	  echo "warning: could not install$$missing; sandbox tests will skip"; \
+	else echo "note: not root or no apt: install$$missing yourself for the sandboxed agent tracks"; fi
+
+test: $(DEVSTAMP) sysdeps
 	$(BIN)/python -m pytest tests -m "not vllm"
 
 # vLLM in its own environment: it pins its own torch and transformers. On a machine
