@@ -10,6 +10,9 @@
     clawloop tiny-model    build the embedded tiny chat model
     clawloop judge-eval    score a judge on a labelled JSONL set
     clawloop demo          the learning benchmark with simulated users
+    clawloop env check     run every agent task's reference solution and a do-nothing agent
+    clawloop envpool       serve an agent track's environment pool (lease API) over HTTP
+    clawloop swe make-tasks  inject bugs into the SWE track's repos, write SWE-bench instances
 
 Every command that reads config takes the same flags (see `clawloop up --help`).
 """
@@ -19,11 +22,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from clawloop.config import ConfigError, add_config_arguments, load_config
 
-COMMANDS = ("up", "serve", "judge", "train", "buffer", "export", "import", "tiny-model", "judge-eval", "demo")
+COMMANDS = ("up", "serve", "judge", "train", "buffer", "export", "import", "tiny-model", "judge-eval", "demo", "env",
+            "envpool", "swe")
 
 
 def _parser(cmd: str, description: str) -> argparse.ArgumentParser:
@@ -152,6 +156,83 @@ def cmd_demo(argv: list[str]) -> int:
     return main(argv) or 0
 
 
+def _env_options(cfg) -> "Any":
+    from clawloop.envs.base import EnvOptions
+
+    e = cfg.env
+    return EnvOptions(max_steps=e.max_steps, sandbox=e.sandbox, allow_unsandboxed=e.allow_unsandboxed,
+                      command_timeout_s=e.command_timeout_s, memory_mb=e.memory_mb, disk_mb=e.disk_mb,
+                      task_dir=e.task_dir, tools_config=e.tools_config)
+
+
+def _track_of(cfg, own_track: str | None) -> str:
+    track = own_track or cfg.env.track
+    if not track:
+        raise ConfigError("env.track: name the track with --track (or ENV_TYPE): toolcall, terminal or swe")
+    return track
+
+
+def cmd_env(argv: list[str]) -> int:
+    if not argv or argv[0] != "check":
+        print("usage: clawloop env check --track toolcall|terminal|swe [--task-dir DIR] [--tasks a,b]",
+              file=sys.stderr)
+        return 2
+    from clawloop.envs.check import run_check
+    from clawloop.envs.sandbox import SandboxUnavailable
+
+    p = _parser("env check", "Run every task's reference solution (must score the maximum) and a do-nothing "
+                             "agent (must not), sandboxed, in parallel.")
+    p.add_argument("--track", default=None, choices=("toolcall", "terminal", "swe"), help="Track (or ENV_TYPE).")
+    p.add_argument("--tasks", default="", help="Only these task ids, comma-separated.")
+    cfg, own = _config(p, argv[1:], ("track", "tasks"))
+    track = _track_of(cfg, own["track"])
+    try:
+        results = run_check(track, _env_options(cfg), task_ids=[t for t in own["tasks"].split(",") if t] or None,
+                            parallel=cfg.env.parallel_envs)
+    except (ValueError, SandboxUnavailable) as e:
+        raise ConfigError(str(e)) from None
+    return 0 if results and all(r.oracle_pass and r.noop_fail for r in results) else 1
+
+
+def cmd_envpool(argv: list[str]) -> int:
+    from clawloop.envs.pool import run_pool_server
+
+    p = _parser("envpool", "Serve one agent track's environment pool (allocate/reset/step/evaluate/close leases).")
+    p.add_argument("--track", default=None, choices=("toolcall", "terminal", "swe"), help="Track (or ENV_TYPE).")
+    # In this command --host/--port mean the pool's own address (default port 8890).
+    renamed, host, port = [], "127.0.0.1", 8890
+    it = iter(argv)
+    for a in it:
+        if a in ("--host", "--port"):
+            v = next(it, None)
+            if v is None:
+                raise ConfigError(f"{a} needs a value")
+            host, port = (v, port) if a == "--host" else (host, int(v))
+        elif a.startswith("--host="):
+            host = a.split("=", 1)[1]
+        elif a.startswith("--port="):
+            port = int(a.split("=", 1)[1])
+        else:
+            renamed.append(a)
+    cfg, own = _config(p, renamed, ("track",))
+    if host not in ("127.0.0.1", "localhost", "::1") and not cfg.serve.insecure:
+        raise ConfigError(f"envpool --host {host}: the pool runs agent commands for whoever reaches it; bind "
+                          "127.0.0.1 (reach it over an SSH tunnel) or pass --insecure if you really mean it")
+    run_pool_server(_track_of(cfg, own["track"]), _env_options(cfg), host=host, port=port,
+                    capacity=cfg.env.parallel_envs, lease_ttl_s=cfg.env.lease_ttl_s)
+    return 0
+
+
+def cmd_swe(argv: list[str]) -> int:
+    if not argv or argv[0] != "make-tasks":
+        print("usage: clawloop swe make-tasks [--repos DIR] [--out FILE] [--max-per-repo N] [--seed S]",
+              file=sys.stderr)
+        return 2
+    from clawloop.envs.swe_tasks import main as make_tasks
+
+    return make_tasks(argv[1:]) or 0
+
+
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "up": lambda a: cmd_serve(a, full=True),
     "serve": lambda a: cmd_serve(a, full=False),
@@ -163,6 +244,9 @@ HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "tiny-model": cmd_tiny_model,
     "judge-eval": cmd_judge_eval,
     "demo": cmd_demo,
+    "env": cmd_env,
+    "envpool": cmd_envpool,
+    "swe": cmd_swe,
 }
 
 

@@ -158,6 +158,10 @@ class TrainConfig:
     n_samples_per_prompt: int = opt(1, "Group size for rollout-buffer tasks.",
                                     flags=("--num-rollouts-per-prompt",))
     micro_batch_tokens: int = opt(4096, "Token budget of one micro-batch (training and teacher forwards).")
+    advantage_estimator: str = opt("grpo", "Buffer items with agent steps: grpo (each step gets its trajectory's "
+                                           "group advantage) or step_wise (outcome + prm_step_coef * step PRM, "
+                                           "z-normalised per task group and step index; constant buckets dropped).",
+                                   flags=("--advantage-estimator",), choices=("grpo", "step_wise"))
     num_steps_per_rollout: int = opt(1, "Optimizer updates per batch, as in slime: the batch is cut into N "
                                         "mini-batches, old logprobs are taken before the first update, so the PPO "
                                         "clip acts from the second update on.", flags=("--num-steps-per-rollout",))
@@ -242,6 +246,55 @@ class BufferConfig:
 
 
 @dataclass
+class EnvConfig:
+    track: str = opt("", "Agent track whose rollout `clawloop buffer` starts at once (toolcall, terminal, swe); "
+                         "empty: wait for POST /start_rollout.", flags=("--env-type",), env=("ENV_TYPE",),
+                     choices=("", "toolcall", "terminal", "swe"))
+    max_steps: int = opt(20, "Agent steps per episode.", flags=("--max-steps",), env=("MAX_STEPS",))
+    parallel_envs: int = opt(4, "Environments run at once (the env pool's capacity).", flags=("--parallel-envs",),
+                             env=("PARALLEL_ENVS",))
+    tools_config: str = opt("", "toolcall: JSON file of tool definitions (default: the code_interpreter tool).",
+                            flags=("--tools-config",), env=("TOOLS_CONFIG",))
+    task_dir: str = opt("", "A user's own tasks: terminal-bench task folders (terminal), a SWE-bench instances "
+                            "file or folder (swe), a problems JSONL (toolcall).", flags=("--task-dir",),
+                        env=("SWE_BENCH_PATH",))
+    sandbox: str = opt("auto", "Where agent commands run: auto (bwrap, else unshare), bwrap, unshare, none "
+                               "(needs --allow-unsandboxed).", flags=("--sandbox",),
+                       choices=("auto", "bwrap", "unshare", "none"))
+    allow_unsandboxed: bool = opt(False, "Allow agent commands to run as plain subprocesses when no sandbox works.",
+                                  flags=("--allow-unsandboxed",))
+    command_timeout_s: float = opt(120.0, "Longest one agent command or tool call may run (SWE reference: 180).",
+                                   flags=("--command-timeout",))
+    memory_mb: int = opt(4096, "Address space per sandboxed process, MB.")
+    disk_mb: int = opt(512, "Workspace quota per environment, MB.")
+    pool_url: str = opt("", "Use the env pool at this URL (`clawloop envpool`) instead of a local one.",
+                        flags=("--env-pool-url",))
+    lease_ttl_s: float = opt(600.0, "An env lease with no call or heartbeat for this long is reaped.")
+    num_repeat_per_sample: int = opt(8, "Episodes per task (the GRPO group).", flags=("--n-samples-per-task",))
+    num_tasks: int = opt(0, "Tasks per rollout (0: all).", flags=("--num-tasks",))
+    max_tokens: int = opt(512, "Longest assistant message per step, tokens.", flags=("--step-max-tokens",))
+    prm: str = opt("none", "Per-step process reward: none, offline (rules on the observation), self (the served "
+                           "policy), url (--prm-url), frozen (a frozen model, --prm-model or the base).",
+                   flags=("--prm",), choices=("none", "offline", "self", "url", "frozen"))
+    prm_url: str = opt("", "OpenAI-compatible endpoint of the PRM (--prm url).", flags=("--prm-url",))
+    prm_model: str = opt("", "PRM model name at --prm-url, or folder for --prm frozen.", flags=("--prm-model",))
+    prm_votes: int = opt(0, "PRM calls per step, majority-voted (0: 1 for terminal, 3 otherwise, as the reference).",
+                         flags=("--prm-m",))
+    prm_step_coef: float = opt(1.0, "Weight of a step's PRM score beside the outcome reward.",
+                               flags=("--prm-step-coef",))
+
+    def payload(self) -> dict[str, Any]:
+        """The /start_rollout keys this section supplies (the payload's own keys win)."""
+        d = {"max_steps": self.max_steps, "parallel_envs": self.parallel_envs, "tools_config": self.tools_config,
+             "task_dir": self.task_dir, "sandbox": self.sandbox, "allow_unsandboxed": self.allow_unsandboxed,
+             "command_timeout_s": self.command_timeout_s, "memory_mb": self.memory_mb, "disk_mb": self.disk_mb,
+             "env_pool_url": self.pool_url, "prm": self.prm, "prm_url": self.prm_url, "prm_model": self.prm_model,
+             "prm_votes": self.prm_votes, "prm_step_coef": self.prm_step_coef, "num_tasks": self.num_tasks,
+             "max_tokens": self.max_tokens}
+        return {k: v for k, v in d.items() if v not in ("", 0) or k in ("prm_step_coef", "allow_unsandboxed")}
+
+
+@dataclass
 class Config:
     data_dir: str = opt("./clawloop-data", "Store, checkpoints, logs and the resolved config.",
                         flags=("--data-dir", "--rl-buffer-dir"))
@@ -252,6 +305,7 @@ class Config:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
 
 # Names users of other tools type that we deliberately do not implement.
@@ -259,7 +313,7 @@ REFUSED = {
 }
 
 ENV_FLAG_STRINGS = ("ROLLOUT_ARGS", "OPTIMIZER_ARGS", "LORA_ARGS", "CKPT_ARGS")
-SECTIONS = ("model", "serve", "capture", "judge", "train", "buffer")
+SECTIONS = ("model", "serve", "capture", "judge", "train", "buffer", "env")
 
 
 @dataclass
@@ -532,6 +586,18 @@ def validate(cfg: Config) -> None:
          f"must be auto, cpu, cuda or cuda:N, got {dev!r}")
     for key, ids in (("train.train_gpus", cfg.train.train_gpus), ("train.rollout_gpus", cfg.train.rollout_gpus)):
         need(all(str(i).isdigit() for i in ids), key, f"must be GPU ids like 0,1,2, got {','.join(map(str, ids))!r}")
+    e = cfg.env
+    need(e.max_steps >= 1, "env.max_steps", "must be >= 1 (MAX_STEPS)")
+    need(e.parallel_envs >= 1, "env.parallel_envs", "must be >= 1 (PARALLEL_ENVS)")
+    need(e.num_repeat_per_sample >= 1, "env.num_repeat_per_sample", "must be >= 1")
+    need(e.command_timeout_s > 0, "env.command_timeout_s", "must be > 0")
+    need(e.prm_votes >= 0, "env.prm_votes", "must be >= 0")
+    need(e.prm != "url" or bool(e.prm_url), "env.prm_url", "--prm url needs --prm-url")
+    need(e.sandbox != "none" or e.allow_unsandboxed, "env.sandbox",
+         "none runs agent commands unsandboxed: add --allow-unsandboxed to mean it")
+    need(not e.tools_config or Path(e.tools_config).is_file(), "env.tools_config",
+         f"no such file {e.tools_config!r} (TOOLS_CONFIG)")
+    need(not e.task_dir or Path(e.task_dir).exists(), "env.task_dir", f"no such file or folder {e.task_dir!r}")
 
 
 def validate_train(t: TrainConfig, need: Any) -> None:

@@ -200,6 +200,11 @@ class RolloutBuffer:
                                 f"{', '.join(sorted(self.generators)) or 'none'} (generator dir: "
                                 f"{self.generator_dir or 'built-ins only'})")
         b = self.cfg.buffer
+        from clawloop.envs.base import TRACKS
+
+        if task_type in TRACKS and gen.builtin:  # agent tracks: the env section (ENV_TYPE, MAX_STEPS, ...) fills in
+            payload = {**self.cfg.env.payload(), "num_repeat_per_sample": self.cfg.env.num_repeat_per_sample,
+                       **payload}
         spec = TaskSpec(
             _int(payload, "num_repeat_per_sample", self.default_spec.group_size),
             _float(payload, "group_timeout_seconds", b.group_timeout_s, 0.0),
@@ -568,6 +573,11 @@ def run_buffer(cfg: Config) -> None:
         raise ConfigError(f"buffer.host: binding {cfg.buffer.host} lets anyone who can reach it write training data "
                           "and start generators; bind 127.0.0.1, or pass --insecure if you really mean it")
     app = create_buffer_app(cfg)
+    if cfg.env.track:  # ENV_TYPE=terminal clawloop buffer: start that track's rollout at once
+        started = app.state.buffer.start_rollout({"task_type": cfg.env.track},
+                                                 f"http://{cfg.buffer.host}:{cfg.buffer.port}")
+        print(f"clawloop: {cfg.env.track} rollout started (pid {started.get('pid')}, log {started.get('log')})",
+              flush=True)
     print(f"clawloop: rollout buffer on http://{cfg.buffer.host}:{cfg.buffer.port} "
           f"(store {app.state.buffer.store.path}; generators: {', '.join(sorted(app.state.buffer.generators))})",
           flush=True)

@@ -26,6 +26,16 @@ floats and stay floats (a generator's 0.3 is 0.3, never its sign).
 left it (normalized and padded, slime's semantics), pad copies included.
 `Sample.reward` is always the raw reward; `Sample.advantages` holds the
 advantage on every response token and 0 on the prompt.
+
+Multi-step items (the agent tracks' generators, `clawloop.envs.rollout`) carry
+`steps`, each with its own prompt ids, response ids, logprobs and policy
+version: every step becomes its own Sample (OpenClaw-RL's dynamic history).
+`estimator="grpo"` gives each step its trajectory's group advantage (as above);
+`estimator="step_wise"` uses each step's `step_reward` (outcome +
+prm_step_coef · step PRM), z-normalised within its (instance_id, step index)
+bucket, and drops the steps of constant buckets
+(`losses.advantages.step_wise_advantages`). A one-step item is one bucket
+entry at step 0.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import httpx
 import torch
 
 from clawloop.buffer.hooks import PROMPT_IDS_KEYS, RESPONSE_IDS_KEYS, RESPONSE_LOGPROBS_KEYS, first_key
-from clawloop.losses.advantages import group_normalize
+from clawloop.losses.advantages import group_normalize, step_wise_advantages
 from clawloop.records import Sample
 
 log = logging.getLogger(__name__)
@@ -45,9 +55,13 @@ log = logging.getLogger(__name__)
 
 class BufferSource:
     def __init__(self, url: str, tokenizer: Any = None, *, advantages: str = "group", std_normalize: bool = False,
-                 eps: float = 1e-6, timeout_s: float = 120.0, task_type: str | None = None):
+                 eps: float = 1e-6, timeout_s: float = 120.0, task_type: str | None = None,
+                 estimator: str = "grpo"):
         if advantages not in ("group", "buffer"):
             raise ValueError(f"advantages must be 'group' or 'buffer', got {advantages!r}")
+        if estimator not in ("grpo", "step_wise"):
+            raise ValueError(f"estimator must be 'grpo' or 'step_wise', got {estimator!r}")
+        self.estimator = estimator
         self.url = url.rstrip("/")
         self.tokenizer = tokenizer
         self.advantages = advantages
@@ -58,7 +72,8 @@ class BufferSource:
         self.last_meta_info: dict[str, Any] = {}
         self.stats: dict[str, float] = {"buffer/pulls": 0, "buffer/items": 0, "buffer/groups": 0,
                                         "buffer/retokenized": 0, "buffer/pad_copies_dropped": 0,
-                                        "buffer/degenerate_groups": 0}
+                                        "buffer/degenerate_groups": 0, "buffer/steps": 0,
+                                        "buffer/steps_dropped": 0}
 
     def close(self) -> None:
         self._client.close()
@@ -95,12 +110,18 @@ class BufferSource:
             else:
                 raw = [_raw_reward(it) for it in members]
                 advs = [float(it["reward"]) for it in members]
-            for item, r, a in zip(members, raw, advs):
-                sample, exact = self._sample(item)
+            if self.estimator == "step_wise":
+                made = self._step_wise(members)
+            else:
+                made = []
+                for item, r, a in zip(members, raw, advs):
+                    for sample, exact, _, _ in self._samples_of(item):
+                        sample.reward = r
+                        sample.advantages = [0.0] * sample.prompt_len + [a] * (len(sample.tokens) - sample.prompt_len)
+                        made.append((sample, exact))
+            for sample, exact in made:
                 if not exact:
                     retok += 1
-                sample.reward = r
-                sample.advantages = [0.0] * sample.prompt_len + [a] * (len(sample.tokens) - sample.prompt_len)
                 sample.group_id = gid
                 samples.append(sample)
         self.stats["buffer/items"] += len(samples)
@@ -129,6 +150,42 @@ class BufferSource:
                                      std_normalize=self.std_normalize, eps=self.eps)  # (n,) one group
         self.stats["buffer/degenerate_groups"] += int(stats["train/degenerate_groups"])
         return adv.tolist()
+
+    def _samples_of(self, item: dict[str, Any]) -> list[tuple[Sample, bool, int, float]]:
+        """(sample, token-exact, step index, step reward) per step of a multi-step item, else one."""
+        steps = item.get("steps")
+        if not isinstance(steps, list) or not steps:
+            sample, exact = self._sample(item)
+            return [(sample, exact, 0, _raw_reward(item))]
+        out = []
+        messages = item.get("messages") or []
+        for k, st in enumerate(steps):
+            n = int(st.get("prompt_messages", 0))
+            sub = {"messages": messages[: n + 1] if n else [], "tools": item.get("tools"),
+                   "instance_id": item.get("instance_id"), "policy_version": st.get("policy_version"),
+                   "prompt_ids": st.get("prompt_ids"), "response_ids": st.get("response_ids"),
+                   "response_logprobs": st.get("response_logprobs")}
+            sample, exact = self._sample(sub)
+            out.append((sample, exact, int(st.get("step", k)), float(st.get("step_reward", _raw_reward(item)))))
+        self.stats["buffer/steps"] += len(out)
+        return out
+
+    def _step_wise(self, members: list[dict[str, Any]]) -> list[tuple[Sample, bool]]:
+        """Every step of the group's trajectories, advantage z-normalised per step index; constant
+        buckets dropped."""
+        made = [m for item in members for m in self._samples_of(item)]
+        if not made:
+            return []
+        rewards = torch.tensor([r for _, _, _, r in made], dtype=torch.float32)  # (n,)
+        adv, keep, stats = step_wise_advantages(rewards, [k for _, _, k, _ in made], eps=self.eps)
+        self.stats["buffer/steps_dropped"] += int(stats["train/steps_dropped"])
+        out = []
+        for (s, exact, _, r), a, k in zip(made, adv.tolist(), keep.tolist()):
+            if k:
+                s.reward = r
+                s.advantages = [0.0] * s.prompt_len + [a] * (len(s.tokens) - s.prompt_len)
+                out.append((s, exact))
+        return out
 
     def _sample(self, item: dict[str, Any]) -> tuple[Sample, bool]:
         messages = item.get("messages") or []

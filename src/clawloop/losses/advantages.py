@@ -126,3 +126,35 @@ def group_normalize(
         "train/ungrouped": float((~grouped).sum().item()),
     }
     return out, stats
+
+
+def step_wise_advantages(
+    step_rewards: torch.Tensor,
+    bucket_ids: Sequence[Hashable],
+    *,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """OpenClaw-RL's `step_wise` estimator for multi-step agent trajectories.
+
+    `step_rewards` (B,) holds one reward per agent step (outcome + prm_step_coef · step PRM);
+    `bucket_ids` names each step's (task group, step index) bucket. Each reward is
+    z-normalised within its bucket ((r - mean) / (std + eps), unbiased std), and the steps of
+    a constant bucket (all rewards equal, singletons included) carry no signal and are dropped.
+    Returns (advantages (B,), keep (B,) bool, stats: train/step_buckets,
+    train/step_buckets_dropped, train/steps_dropped).
+    """
+    adv, _ = group_normalize(step_rewards, list(bucket_ids), std_normalize=True, eps=eps)  # (B,)
+    r = step_rewards.detach().to(torch.float32)
+    index = _group_index(list(bucket_ids), r.numel(), r.device)  # (B,)
+    n = int(index.max().item()) + 1 if r.numel() else 0
+    keep = torch.zeros(r.numel(), dtype=torch.bool, device=r.device)  # (B,)
+    dropped = 0
+    if n:
+        hi = torch.full((n,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, index, r, "amax")
+        lo = torch.full((n,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, index, r, "amin")
+        live = hi > lo  # (G,)
+        keep = live[index]
+        dropped = int((~live).sum().item())
+    stats = {"train/step_buckets": float(n), "train/step_buckets_dropped": float(dropped),
+             "train/steps_dropped": float((~keep).sum().item())}
+    return adv, keep, stats

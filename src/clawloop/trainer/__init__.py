@@ -37,7 +37,7 @@ def build_loop(cfg: Any, engine: Any, store: Any, *, loop: asyncio.AbstractEvent
     if cfg.train.source == "buffer":
         from clawloop.buffer import BufferSource
 
-        source = BufferSource(cfg.train.buffer_url, trainer.tokenizer)
+        source = BufferSource(cfg.train.buffer_url, trainer.tokenizer, estimator=cfg.train.advantage_estimator)
     tl = TrainerLoop(cfg, trainer, store, engine, judge_name_of(cfg), loop=loop, buffer_source=source)
     tl.resume()
     if tl.resumed_from is None and engine is not None:
