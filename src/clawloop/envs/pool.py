@@ -34,6 +34,10 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
 from clawloop.envs.base import Env, EnvOptions, Task, get_track
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,7 @@ class EnvPool:
         self.lease_ttl_s = lease_ttl_s
         self._tasks: dict[str, Task] | None = {t.task_id: t for t in tasks} if tasks is not None else None
         self._leases: dict[str, _Lease] = {}
+        self._building: set[int] = set()
         self._dead: dict[str, str] = {}  # lease id -> why it ended (crashed / reaped / closed)
         self._lock = threading.Lock()
         self.counts = {"allocated": 0, "closed": 0, "reaped": 0, "crashed": 0, "refused_full": 0}
@@ -99,21 +104,22 @@ class EnvPool:
         if task is None:
             raise PoolError(404, f"no task {task_id!r} in track {self.track_name!r}")
         with self._lock:
-            if len(self._leases) >= self.capacity:
+            used = {le.slot for le in self._leases.values()} | self._building
+            if len(used) >= self.capacity:
                 self.counts["refused_full"] += 1
                 raise PoolError(429, f"pool at capacity ({self.capacity} environments leased); retry later")
-            used = {le.slot for le in self._leases.values()}
-            slot = next(i for i in range(self.capacity + 1) if i not in used)
-            lease_id = uuid.uuid4().hex
-            self._leases[lease_id] = None  # type: ignore[assignment]  # reserve the slot while building
+            slot = next(i for i in range(self.capacity) if i not in used)
+            self._building.add(slot)  # reserved while the environment is built
+        lease_id = uuid.uuid4().hex
         try:
             env = self.track.make_env(task, self.opts, slot=slot)
         except Exception as e:
             with self._lock:
-                self._leases.pop(lease_id, None)
+                self._building.discard(slot)
             raise PoolError(500, f"could not build an environment for {task_id!r}: {type(e).__name__}: {e}") from e
         lease = _Lease(lease_id, env, slot, self.lease_ttl_s)
         with self._lock:
+            self._building.discard(slot)
             self._leases[lease_id] = lease
             self.counts["allocated"] += 1
         return {"lease_id": lease_id, "task_id": task.task_id, "track": self.track_name,
@@ -193,7 +199,7 @@ class EnvPool:
     def reap(self) -> int:
         now = time.time()
         with self._lock:
-            expired = [le for le in self._leases.values() if le is not None and le.expires_at < now]
+            expired = [le for le in self._leases.values() if le.expires_at < now]
         n = 0
         for le in expired:
             if le.lock.acquire(blocking=False):  # a lease in the middle of a call is not idle
@@ -219,23 +225,18 @@ class EnvPool:
         with self._lock:
             leases = [{"lease_id": le.id, "task_id": le.env.task.task_id, "slot": le.slot, "steps": le.env.steps,
                        "expires_in_s": round(le.expires_at - time.time(), 1)}
-                      for le in self._leases.values() if le is not None]
+                      for le in self._leases.values()]
         return {"track": self.track_name, "capacity": self.capacity, "active": len(leases), "leases": leases,
                 "lease_ttl_s": self.lease_ttl_s, "sandbox": self.opts.sandbox, **self.counts}
 
     def shutdown(self) -> None:
         self._stop.set()
         for lease_id in list(self._leases):
-            if self._leases.get(lease_id) is not None:
-                self._end(lease_id, "pool shut down", "closed")
+            self._end(lease_id, "pool shut down", "closed")
 
 
 # -- HTTP ---------------------------------------------------------------------------
-def create_pool_app(pool: EnvPool):
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
-    from starlette.concurrency import run_in_threadpool
-
+def create_pool_app(pool: EnvPool) -> FastAPI:
     app = FastAPI(title=f"clawloop env pool ({pool.track_name})")
 
     async def body_of(request: Request) -> dict[str, Any]:

@@ -23,7 +23,8 @@ final = outcome + prm_step_coef · mean(step PRM) (outcome alone without a PRM);
 step_reward = outcome + prm_step_coef · PRM of that step, which the trainer's
 `--advantage-estimator step_wise` normalises per (task, step index).
 
-`agent` picks who acts: `model` (the policy, through the gateway), `oracle`
+`agent` picks who acts (a list is cycled over each task's group, e.g.
+`["model", "oracle"]` puts a reference solution beside the policy's tries): `model` (the policy, through the gateway), `oracle`
 (the task's reference solution, replayed through the gateway so its steps are
 tokenized exactly as the server renders them; there are no sampling logprobs
 for text the policy did not sample, so they are recorded as 0.0 = "none" and
@@ -80,10 +81,13 @@ class AgentRollout(MathRollout):
         self.track = track
         self.task_type = str(data.get("task_type") or track)
         self.opts = env_options(data)
-        self.num_process = max(1, int(data.get("parallel_envs") or data.get("num_process", 4)))
-        self.agent = str(data.get("agent") or "model")
-        if self.agent not in ("model", "oracle", "noop"):
-            raise ValueError(f"agent must be model, oracle or noop, got {self.agent!r}")
+        # slime's num_process when the payload gives it, else PARALLEL_ENVS
+        self.num_process = max(1, int(data["num_process"] if "num_process" in data else data.get("parallel_envs", 4)))
+        agents = data.get("agent") or "model"
+        self.agents = [str(a) for a in (agents.split(",") if isinstance(agents, str) else agents)]
+        bad = [a for a in self.agents if a not in ("model", "oracle", "noop")]
+        if bad or not self.agents:
+            raise ValueError(f"agent must be model, oracle or noop (or a list of them), got {agents!r}")
         self.pool = connect_pool(data.get("env_pool_url") or None, track, self.opts, capacity=self.num_process)
         self.prm = StepPRM.from_data(data, self.engine_url, track)
         self.lease_wait_s = float(data.get("lease_wait_s", 600))
@@ -170,7 +174,7 @@ class AgentRollout(MathRollout):
                 time.sleep(delay)
                 delay = min(2.0, delay * 1.5)
 
-    def run_episode(self, task_id: str) -> dict[str, Any] | None:
+    def run_episode(self, task_id: str, agent: str = "model") -> dict[str, Any] | None:
         try:
             lease = self._lease(task_id)
         except PoolError as e:
@@ -179,7 +183,7 @@ class AgentRollout(MathRollout):
             return None
         lid = lease["lease_id"]
         try:
-            return self._episode(task_id, lid)
+            return self._episode(task_id, lid, agent)
         except PoolError as e:
             _log(self.track, f"task {task_id}: environment failed: {e.message}")
             self._count("env_failed")
@@ -190,21 +194,21 @@ class AgentRollout(MathRollout):
             except PoolError:
                 pass
 
-    def _episode(self, task_id: str, lid: str) -> dict[str, Any] | None:
+    def _episode(self, task_id: str, lid: str, agent: str) -> dict[str, Any] | None:
         first = self.pool.reset(lid)
         messages: list[dict[str, Any]] = list(first["messages"])
         tools = first.get("tools")
         script: list[dict[str, Any]] = []
-        if self.agent == "oracle":
+        if agent == "oracle":
             script = list(self.pool.oracle(lid)["messages"])
-        elif self.agent == "noop":
+        elif agent == "noop":
             script = [dict(NOOP_MESSAGE)]
         steps: list[dict[str, Any]] = []
         end_reason = "max_steps"
         n_calls = well_formed = 0
         t0 = time.monotonic()
         for t in range(self.opts.max_steps):
-            if self.agent == "model":
+            if agent == "model":
                 out = self._chat(messages, tools)
             else:
                 if t >= len(script):
@@ -236,10 +240,10 @@ class AgentRollout(MathRollout):
             return None
         ev = self.pool.evaluate(lid)
         describe = first.get("describe") or {}
-        return self._item(task_id, messages, tools, steps, ev, end_reason, n_calls, well_formed, describe,
+        return self._item(task_id, agent, messages, tools, steps, ev, end_reason, n_calls, well_formed, describe,
                           time.monotonic() - t0)
 
-    def _item(self, task_id: str, messages: list[dict[str, Any]], tools: Any, steps: list[dict[str, Any]],
+    def _item(self, task_id: str, agent: str, messages: list[dict[str, Any]], tools: Any, steps: list[dict[str, Any]],
               ev: dict[str, Any], end_reason: str, n_calls: int, well_formed: int, describe: dict[str, Any],
               seconds: float) -> dict[str, Any]:
         outcome = float(ev["reward"])
@@ -257,7 +261,7 @@ class AgentRollout(MathRollout):
             "extra_info": {
                 "outcome": outcome, "success": bool(ev.get("success")), "end_reason": end_reason,
                 "n_steps": len(steps), "n_tool_calls": n_calls, "well_formed_calls": well_formed,
-                "details": ev.get("details") or {}, "env": describe, "behaviour": self.agent,
+                "details": ev.get("details") or {}, "env": describe, "behaviour": agent,
                 "prm": None if self.prm is None else {"kind": self.prm.kind, "judge": self.prm.name,
                                                       "votes": self.prm.votes, "step_coef": coef,
                                                       "mean": sum(scored) / len(scored) if scored else None},
@@ -272,8 +276,8 @@ class AgentRollout(MathRollout):
         return item
 
     # -- the run --------------------------------------------------------------------
-    def rollout_one(self, task_id: str) -> None:  # type: ignore[override]
-        item = self.run_episode(task_id)
+    def rollout_one(self, task_id: str, agent: str = "model") -> None:  # type: ignore[override]
+        item = self.run_episode(task_id, agent)
         if item is None:
             self._count("failed_samples")
             return
@@ -283,13 +287,14 @@ class AgentRollout(MathRollout):
 
     def run(self) -> dict[str, Any]:  # type: ignore[override]
         ids = self.task_ids()
-        jobs = [tid for _ in range(self.num_epoch) for tid in ids for _ in range(self.group_size)]
+        jobs = [(tid, self.agents[k % len(self.agents)]) for _ in range(self.num_epoch) for tid in ids
+                for k in range(self.group_size)]
         _log(self.track, f"{len(ids)} task(s) x {self.group_size} x {self.num_epoch} epoch(s) = {len(jobs)} "
-                         f"episode(s), {self.num_process} at once, agent={self.agent}, "
+                         f"episode(s), {self.num_process} at once, agent={','.join(self.agents)}, "
                          f"prm={self.prm.kind if self.prm else 'none'}")
         try:
             with ThreadPoolExecutor(self.num_process, thread_name_prefix=f"{self.track}-rollout") as ex:
-                futures = [ex.submit(self.rollout_one, tid) for tid in jobs]
+                futures = [ex.submit(self.rollout_one, tid, agent) for tid, agent in jobs]
                 for f in futures:
                     if f.exception() is not None:  # a bug, not an env failure: count it, keep going
                         self._count("errors")

@@ -261,8 +261,10 @@ class Gateway:
         try:
             if chars > RENDER_IN_THREAD_CHARS:
                 return await asyncio.to_thread(self.renderer.render, req.messages, tools,
-                                               continue_final=req.continue_final_message)
-            return self.renderer.render(req.messages, tools, continue_final=req.continue_final_message)
+                                               continue_final=req.continue_final_message,
+                                               add_generation_prompt=req.add_generation_prompt)
+            return self.renderer.render(req.messages, tools, continue_final=req.continue_final_message,
+                                        add_generation_prompt=req.add_generation_prompt)
         except Exception as e:  # a template that rejects the conversation (e.g. role order)
             import jinja2
 

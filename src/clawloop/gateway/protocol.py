@@ -93,6 +93,7 @@ class ChatRequest:
     top_logprobs: int = 0
     return_token_ids: bool = False
     continue_final_message: bool = False
+    add_generation_prompt: bool = True
     """vLLM's extension: continue the last (assistant) message instead of starting a new one."""
     # clawloop's session fields, when given in the body
     session_id: str | None = None
@@ -438,6 +439,7 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
     req.return_token_ids = _bool(body, "return_token_ids")
     req.continue_final_message = _bool(body, "continue_final_message")
     agp = _bool(body, "add_generation_prompt", True)
+    req.add_generation_prompt = agp and not req.continue_final_message
     if req.continue_final_message:
         if agp and "add_generation_prompt" in body:
             raise bad_value("'continue_final_message' needs 'add_generation_prompt': false.", "add_generation_prompt")

@@ -120,11 +120,12 @@ class PromptRenderer:
         return ids
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               *, continue_final: bool = False) -> list[int]:
+               *, continue_final: bool = False, add_generation_prompt: bool = True) -> list[int]:
         """Prompt token ids, rendered with the tokenizer's chat template and a generation prompt
-        (or, with `continue_final`, ending inside the last assistant message)."""
+        (or, with `continue_final`, ending inside the last assistant message; with
+        `add_generation_prompt=False`, ending after the last message as the template closes it)."""
         kw = {"continue_final_message": True, "add_generation_prompt": False} if continue_final else \
-            {"add_generation_prompt": True}
+            {"add_generation_prompt": add_generation_prompt}
         msgs = template_messages(messages)
         found: list[str] = []
         mark = f"\ue000{secrets.token_hex(6)}:"
@@ -154,9 +155,10 @@ def renderer_for(tokenizer: Any) -> PromptRenderer:
 
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                  *, continue_final: bool = False) -> list[int]:
+                  *, continue_final: bool = False, add_generation_prompt: bool = True) -> list[int]:
     """Prompt token ids (see `PromptRenderer.render`); the renderer is built once per tokenizer."""
-    return renderer_for(tokenizer).render(messages, tools, continue_final=continue_final)
+    return renderer_for(tokenizer).render(messages, tools, continue_final=continue_final,
+                                          add_generation_prompt=add_generation_prompt)
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
