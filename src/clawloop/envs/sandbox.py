@@ -216,6 +216,11 @@ class Sandbox:
                     "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb",
                     "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@sandbox",
                     "GIT_COMMITTER_NAME": "agent", "GIT_COMMITTER_EMAIL": "agent@sandbox"}
+        import clawloop
+
+        # The sandbox user may not reach the venv's interpreter (say under a 0700 /root) outside bwrap's
+        # rebuilt root; clawloop's own in-sandbox helpers (the test runner) are stdlib-only and found this way.
+        self.env["PYTHONPATH"] = str(Path(clawloop.__file__).resolve().parent.parent)
         self.env.update(env or {})
         self.own_workspace()
 
