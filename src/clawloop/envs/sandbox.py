@@ -104,7 +104,7 @@ def _python_roots() -> list[str]:
     return sorted(r for r in roots if r and os.path.isdir(r))
 
 
-def _bwrap_args(workspace: Path, limits: Limits) -> list[str]:
+def _bwrap_args(workspace: Path, limits: Limits, hide: list[str] = ()) -> list[str]:
     args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
     # The new root is a tmpfs; system folders come in read-only, links as links.
@@ -117,8 +117,9 @@ def _bwrap_args(workspace: Path, limits: Limits) -> list[str]:
             args += ["--symlink", os.readlink(p), p]
         elif os.path.isdir(p) and name in ("usr", "etc", "opt", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             args += ["--ro-bind", p, p]
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
-             "--dir", "/var", "--dir", "/var/tmp", "--dir", "/run"]
+    # /tmp and /var/tmp as on any system (1777): the sandbox user runs mktemp and test runners' tmp_path
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(limits.tmp_mb << 20),
+             "--tmpfs", "/tmp", "--dir", "/var", "--perms", "1777", "--dir", "/var/tmp", "--dir", "/run"]
     ws = str(workspace)
     made: set[str] = set()
     for root in _python_roots():
@@ -130,11 +131,46 @@ def _bwrap_args(workspace: Path, limits: Limits) -> list[str]:
                 made.add(a)
                 args += ["--perms", "0755", "--dir", a]
         args += ["--ro-bind", root, root]
+    for h in hide:  # answers that live beside the code the sandboxed python needs (shipped tasks' solutions)
+        args += ["--tmpfs", h]
     args += ["--bind", ws, MOUNT_POINT]
     if ws != MOUNT_POINT:  # paths the task files name stay valid inside too
         args += ["--bind", ws, ws]
     args += ["--chdir", MOUNT_POINT]
     return args
+
+
+def _hidden(extra: list[str | os.PathLike[str]]) -> list[str]:
+    """Folders to cover with an empty tmpfs under bwrap: clawloop's data (shipped tasks with their
+    solutions and tests, SWE gold patches) plus `extra`; only those inside what bwrap binds
+    (it cannot make a mount point in a folder it did not bind), outermost only."""
+    import clawloop
+
+    visible = [Path(r) for r in _python_roots()] + [Path("/usr"), Path("/etc"), Path("/opt")]
+    want = [Path(clawloop.__file__).resolve().parent / "data"] + [Path(h) for h in extra]
+    shown = [h.resolve() for h in want if h.is_dir() and any(h.resolve().is_relative_to(v) for v in visible)]
+    return sorted({str(h) for h in shown if not any(h != o and h.is_relative_to(o) for o in shown)})
+
+
+def descendants(pid: int) -> list[tuple[int, int]]:
+    """(pid, process group) of every process descending from `pid`, as the host sees them."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append((int(d), int(fields[2])))
+        except (OSError, IndexError, ValueError):
+            continue
+    out: list[tuple[int, int]] = []
+    todo = [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += [k for k, _ in kids]
+    return out
 
 
 def _unshare_args() -> list[str]:
@@ -204,13 +240,15 @@ class Sandbox:
     """One workspace and the way commands run in it. Cheap: no process lives between commands."""
 
     def __init__(self, workspace: str | os.PathLike[str], *, level: str = "auto", allow_unsandboxed: bool = False,
-                 limits: Limits | None = None, slot: int = 0, env: dict[str, str] | None = None):
+                 limits: Limits | None = None, slot: int = 0, env: dict[str, str] | None = None,
+                 hide: list[str | os.PathLike[str]] = ()):
         self.workspace = Path(workspace).resolve()
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.limits = limits or Limits()
         self.level = level if level in LEVELS and level != "auto" and (level != "none" or allow_unsandboxed) \
             else choose_level(level, allow_unsandboxed=allow_unsandboxed)
         self.uid = BASE_UID + (slot % 10000) if _is_root() else None
+        self.hide = _hidden(list(hide))
         self.env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                     "HOME": MOUNT_POINT if self.level == "bwrap" else str(self.workspace),
                     "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb",
@@ -245,7 +283,7 @@ class Sandbox:
         drop = ([shutil.which("setpriv") or "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}",
                  "--clear-groups"] if self.uid is not None else [])
         if self.level == "bwrap":
-            return _bwrap_args(self.workspace, self.limits) + ["--"] + drop + shell
+            return _bwrap_args(self.workspace, self.limits, self.hide) + ["--"] + drop + shell
         if self.level == "unshare":
             return _unshare_args() + drop + shell
         return drop + shell
@@ -348,11 +386,16 @@ class Sandbox:
                       seconds=time.monotonic() - t0, level=self.level)
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
-        """Kill the command's whole process group (and with bwrap/unshare its PID namespace)."""
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """Kill the command's whole process group (and with bwrap/unshare its PID namespace), and the
+        groups of its descendants: an interactive shell or a setsid() moves to a group of its own, and
+        setpriv clears the parent-death signal `unshare --kill-child` relies on."""
+        own = os.getpgid(0)
+        groups = {proc.pid} | {g for _, g in descendants(proc.pid)}
+        for pgid in groups - {own}:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

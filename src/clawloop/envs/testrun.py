@@ -50,9 +50,9 @@ def run_file(path: str, selected: set[str] | None = None) -> dict[str, str]:
     results: dict[str, str] = {}
     rel = os.path.relpath(path)
     root = str(Path(path).resolve().parent)
-    for p in (os.getcwd(), root):
+    for p in (os.getcwd(), root):  # appended: a workspace file named like a stdlib module cannot shadow it
         if p not in sys.path:
-            sys.path.insert(0, p)
+            sys.path.append(p)
     try:
         mod = _load(Path(path))
     except BaseException:  # noqa: BLE001 - a module that does not import fails all its tests

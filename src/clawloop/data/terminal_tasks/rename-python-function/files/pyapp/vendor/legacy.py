@@ -1,0 +1,2 @@
+def get_user(user_id):
+    return f"legacy-{user_id}"
