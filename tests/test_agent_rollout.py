@@ -192,3 +192,27 @@ def test_env_pool_http_leases(tmp_path):
     finally:
         srv.stop()
         pool.shutdown()
+
+
+def test_llm_step_prm_through_a_served_model(gateway):
+    """`--prm url` (here: clawloop's own gateway as the endpoint) judges a step with m votes through the
+    next-state prompt; the random model's replies carry no verdict, so the votes are malformed (None) and the
+    step scores 0, never a made-up +1."""
+    from clawloop.envs.prm import StepPRM
+
+    prm = StepPRM.from_data({"prm": "url", "prm_url": gateway.url + "/v1", "prm_votes": 3, "prm_max_tokens": 8},
+                            gateway.url + "/v1", "toolcall")
+    try:
+        j = prm.score([{"role": "user", "content": "What is 2+3?"}],
+                      {"role": "assistant", "content": "", "tool_calls": [
+                          {"id": "c", "type": "function", "function": {"name": "calculator",
+                                                                       "arguments": '{"expression": "2+3"}'}}]},
+                      [{"role": "tool", "tool_call_id": "c", "content": "5"}], {})
+    finally:
+        prm.close()
+    assert j["judge"].startswith("prm:url") and len(j["votes"]) == 3 and j["score"] in (-1, 0, 1)
+    assert all(v in (None, -1, 0, 1) for v in j["votes"])
+    with pytest.raises(ValueError, match="prm_url"):
+        StepPRM.from_data({"prm": "url"}, "http://x", "swe")
+    with pytest.raises(ValueError, match="prm must be"):
+        StepPRM.from_data({"prm": "psychic"}, "http://x", "swe")
