@@ -112,7 +112,7 @@ def test_toolcall_oracle_and_noop_through_gateway_then_train(rig, engine, random
     assert len(sw) == 8 and all(s.advantages[-1] != 0 for s in sw)
 
     trainer = Trainer(cfg, str(random_model_dir))
-    tl = TrainerLoop(cfg, trainer, None, engine, "offline", buffer_source=source)
+    tl = TrainerLoop(cfg, trainer, None, None, "offline", buffer_source=source)  # the shared engine stays at v0
     before = [p.detach().clone() for p in trainer.model.parameters()][:3]
     tl.pending = list(samples)
     cfg.train.rollout_batch_size = len(samples)

@@ -199,7 +199,7 @@ def test_echo_logprobs_refused_where_the_engine_has_no_model(make_gateway, engin
 
 
 def test_a_timeout_is_a_504_and_keeps_what_was_generated(make_gateway):
-    g = make_gateway(serve__request_timeout_s="0.3")
+    g = make_gateway(serve__request_timeout_s="0.6")
     r = httpx.post(g.url + "/v1/completions", json={"prompt": P, "max_tokens": 1000},
                    headers={"X-Session-Id": "slow"})
     assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
