@@ -198,14 +198,17 @@ def test_echo_logprobs_refused_where_the_engine_has_no_model(make_gateway, engin
     assert r.choices[0].text.startswith(P) and math.isfinite(r.usage.total_tokens)
 
 
-def test_a_timeout_is_a_504_and_keeps_what_was_generated(make_gateway):
-    g = make_gateway(serve__request_timeout_s="0.6")
-    r = httpx.post(g.url + "/v1/completions", json={"prompt": P, "max_tokens": 1000},
+def test_a_timeout_is_a_504_and_keeps_what_was_generated(make_gateway, engine):
+    g = make_gateway(serve__request_timeout_s="0.5")
+    # end-of-text banned: 1000 tokens take seconds on this model, so the 0.5 s limit is what ends it
+    no_eos = {str(engine.tokenizer.eos_token_id): -100}
+    r = httpx.post(g.url + "/v1/completions", json={"prompt": P, "max_tokens": 1000, "logit_bias": no_eos},
                    headers={"X-Session-Id": "slow"})
     assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
     g.store.flush()
     (turn,) = g.store.session_turns("slow")
     assert turn.finish_reason == "abort" and turn.type == "side" and 0 < len(turn.response_ids) < 1000
-    with httpx.stream("POST", g.url + "/v1/completions", json={"prompt": P, "max_tokens": 1000, "stream": True}) as s:
+    with httpx.stream("POST", g.url + "/v1/completions", json={"prompt": P, "max_tokens": 1000, "stream": True,
+                                                              "logit_bias": no_eos}) as s:
         lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
     assert json.loads(lines[-1][6:])["error"]["code"] == "timeout"
