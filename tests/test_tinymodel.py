@@ -269,3 +269,40 @@ def test_plan_phases():
     used = [i for m, s, _ in plan for i in m + s]
     assert len(used) == len(set(used))
     assert all(len(convs[i]["messages"]) == 2 for i in parts["warm"])  # one question, one answer
+
+
+def test_shipped_tiny_model_matches_its_checksums_and_answers():
+    """The default model ships with the package: its files are the ones build_info.json recorded, it
+    loads with transformers, and answers an arithmetic question, so the first start trains nothing."""
+    import hashlib
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from clawloop.tinymodel.build import SHIPPED_DIR, file_checksums
+
+    info = json.loads((SHIPPED_DIR / "build_info.json").read_text())
+    assert info["name"] == "tiny-chat-v1" and info["params"] < 2_000_000
+    assert set(info["files"]) >= {"model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json"}
+    for name, digest in info["files"].items():
+        assert hashlib.sha256((SHIPPED_DIR / name).read_bytes()).hexdigest() == digest, name
+    assert file_checksums(SHIPPED_DIR) == info["files"]  # nothing unrecorded beside them
+    tok = AutoTokenizer.from_pretrained(SHIPPED_DIR)
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR)
+    assert sum(p.numel() for p in model.parameters()) == info["params"]
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 12+7?"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    out = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert "19" in tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_default_model_prefers_a_build_over_the_shipped_copy(tmp_path, monkeypatch):
+    from clawloop.tinymodel import build
+
+    monkeypatch.setenv("CLAWLOOP_CACHE", str(tmp_path))
+    assert build.default_model_dir() == build.SHIPPED_DIR  # nothing built: the shipped copy
+    built = tmp_path / build.MODEL_NAME
+    built.mkdir()
+    (built / "config.json").write_text("{}")
+    (built / "build_info.json").write_text("{}")
+    assert build.default_model_dir() == built  # `clawloop tiny-model` output wins

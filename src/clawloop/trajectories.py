@@ -66,11 +66,15 @@ def export_sessions(data_dir: str | Path, out: str, tenant: str | None = None) -
         raise ConfigError(f"data_dir: no store at {path}")
     store = Store(path)
     n = 0
+    from clawloop.progress import Progress
+
+    bar = Progress(int(store.stats()["sessions"]), "export", every_s=10.0)
     try:
         if out == "-":
             for s in iter_export(store, tenant):
                 sys.stdout.write(json.dumps(s) + "\n")
                 n += 1
+                bar.update(1)
             return n
         dest = Path(out)
         tmp = dest.with_name(dest.name + ".tmp")
@@ -78,9 +82,11 @@ def export_sessions(data_dir: str | Path, out: str, tenant: str | None = None) -
             for s in iter_export(store, tenant):
                 f.write(json.dumps(s) + "\n")
                 n += 1
+                bar.update(1)
         tmp.replace(dest)
         return n
     finally:
+        bar.close()
         store.close()
 
 
@@ -226,10 +232,14 @@ def import_sessions(cfg: Any, path: str | Path) -> tuple[int, int]:
                 if t["type"] == TURN_MAIN:
                     last_main = i
             rows.append((sid, built, last_main))
-        for sid, built, last_main in rows:
-            for t in built:
-                store.add_turn(t)
-            store.close_session(sid, "import", last_main)
+        from clawloop.progress import Progress
+
+        with Progress(len(rows), "import", every_s=10.0) as bar:
+            for sid, built, last_main in rows:
+                for t in built:
+                    store.add_turn(t)
+                store.close_session(sid, "import", last_main)
+                bar.update(1)
         store.flush()
     finally:
         store.close()

@@ -89,8 +89,27 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CLAWLOOP_CACHE") or Path.home() / ".cache" / "clawloop")
 
 
+SHIPPED_DIR = Path(__file__).resolve().parent / MODEL_NAME
+"""The default model as shipped with the package (built by `clawloop tiny-model`, weights + tokenizer +
+build_info.json with each file's sha256), so the first start trains nothing."""
+
+
 def default_model_dir() -> Path:
-    return cache_dir() / MODEL_NAME
+    """The tiny model to serve: one you built (`clawloop tiny-model` writes to the cache) wins over
+    the shipped copy; with neither, the cache folder (where a build goes)."""
+    built = cache_dir() / MODEL_NAME
+    if _is_built(built) or not _is_built(SHIPPED_DIR):
+        return built
+    return SHIPPED_DIR
+
+
+def file_checksums(folder: Path) -> dict[str, str]:
+    """sha256 of every file of a model folder but build_info.json (what build_info records)."""
+    out = {}
+    for f in sorted(Path(folder).iterdir()):
+        if f.is_file() and f.name != "build_info.json":
+            out[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -153,6 +172,7 @@ def _save(model, tok, out: Path, info: dict[str, Any] | None = None) -> None:
     cfg.setdefault("torch_dtype", "float32")
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if info is not None:
+        info = {**info, "files": file_checksums(out)}
         (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
@@ -323,6 +343,9 @@ def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], An
         return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
                                ignore_index=-100)
 
+    from clawloop.progress import Progress
+
+    bar = Progress(len(plan), "tiny-model training", every_s=30.0)
     for step, (main, side, weight) in enumerate(plan):
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, args)
@@ -339,10 +362,12 @@ def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], An
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss)
-        if (step + 1) % 100 == 0 or step + 1 == len(plan):
-            recent = sum(losses[-100:]) / len(losses[-100:])
+        recent = sum(losses[-100:]) / len(losses[-100:])
+        bar.update(1, note=f"loss {recent:.4f}")
+        if not bar.tty and ((step + 1) % 100 == 0 or step + 1 == len(plan)):
             log(f"step {step + 1}/{len(plan)}  loss {recent:.4f}  lr {_lr_at(step, args):.2e}  "
                 f"{time.perf_counter() - t0:.0f}s")
+    bar.close()
     model.eval()
     return losses
 
@@ -449,7 +474,7 @@ def build_tiny_model(out: str | Path | None = None, seed: int = 0, steps: int | 
     import torch
     from transformers import Qwen2ForCausalLM
 
-    out = Path(out) if out else default_model_dir()
+    out = Path(out) if out else cache_dir() / MODEL_NAME
     if _is_built(out) and not force:
         log(f"tiny model already built at {out} (--force rebuilds it)")
         return out
@@ -496,18 +521,21 @@ def format_report(info: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="clawloop tiny-model",
                                 description="Build the embedded tiny chat model (no download, a few minutes on CPU).")
-    p.add_argument("--out", default=None, help=f"Output folder (default: {default_model_dir()}).")
+    p.add_argument("--out", default=None, help=f"Output folder (default: {cache_dir() / MODEL_NAME}; it is then "
+                                               "served instead of the shipped copy).")
     p.add_argument("--seed", type=int, default=0, help="Seed for data, init and batch order.")
     p.add_argument("--steps", type=int, default=None, help=f"Steps on the mixed corpus (default {TinyModelArgs.steps}; plus "
                    f"{TinyModelArgs.final_steps} final arithmetic steps).")
     p.add_argument("--force", action="store_true", help="Rebuild even if the model exists.")
-    p.add_argument("--if-missing", action="store_true", help="Exit at once if the model exists.")
+    p.add_argument("--if-missing", action="store_true",
+                   help="Exit at once if the model exists (the shipped copy counts, unless --out is given).")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, at most 8).")
     a = p.parse_args(argv)
-    out = Path(a.out) if a.out else default_model_dir()
-    if a.if_missing and _is_built(out) and not a.force:
-        print(f"tiny model present at {out}", file=sys.stderr)
+    present = Path(a.out) if a.out else default_model_dir()
+    if a.if_missing and _is_built(present) and not a.force:
+        print(f"tiny model present at {present}", file=sys.stderr)
         return 0
+    out = Path(a.out) if a.out else cache_dir() / MODEL_NAME
     build_tiny_model(out, seed=a.seed, steps=a.steps, force=a.force, threads=a.threads,
                      log=lambda s: print(s, file=sys.stderr, flush=True))
     return 0
