@@ -10,6 +10,7 @@
     clawloop tiny-model    build the embedded tiny chat model
     clawloop judge-eval    score a judge on a labelled JSONL set
     clawloop demo          the learning benchmark with simulated users
+    clawloop eval          simulated users (personas) or a checkpoint's tasks, scored before/after
     clawloop env check     run every agent task's reference solution and a do-nothing agent
     clawloop envpool       serve an agent track's environment pool (lease API) over HTTP
     clawloop swe make-tasks  inject bugs into the SWE track's repos, write SWE-bench instances
@@ -26,7 +27,7 @@ from typing import Any, Callable
 
 from clawloop.config import ConfigError, add_config_arguments, load_config
 
-COMMANDS = ("up", "serve", "judge", "train", "buffer", "export", "import", "tiny-model", "judge-eval", "demo", "env",
+COMMANDS = ("up", "serve", "judge", "train", "buffer", "export", "import", "tiny-model", "judge-eval", "demo", "eval", "env",
             "envpool", "swe")
 
 
@@ -150,6 +151,12 @@ def cmd_judge_eval(argv: list[str]) -> int:
     return judge_eval_main(argv) or 0
 
 
+def cmd_eval(argv: list[str]) -> int:
+    from clawloop.eval import main
+
+    return main(argv) or 0
+
+
 def cmd_demo(argv: list[str]) -> int:
     from clawloop.demo import main
 
@@ -244,6 +251,7 @@ HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "tiny-model": cmd_tiny_model,
     "judge-eval": cmd_judge_eval,
     "demo": cmd_demo,
+    "eval": cmd_eval,
     "env": cmd_env,
     "envpool": cmd_envpool,
     "swe": cmd_swe,
