@@ -6,7 +6,8 @@
 Routes: POST /v1/chat/completions (streaming and not; `run_chat` serves it
 and the other generation endpoints), POST /v1/completions (completions.py),
 POST/GET/DELETE /v1/responses (responses.py), GET /v1/models[/{id}],
-GET /health, GET /metrics. Errors use OpenAI's shape. Extension fields a
+GET /health, GET /metrics, and the web dashboard at / with its /api/* (dashboard.py).
+Errors use OpenAI's shape. Extension fields a
 trainer-side client may send: `return_token_ids: true` adds the prompt ids,
 each choice's sampled ids and logprobs and the policy version to the reply;
 `session_id`, `turn_type`, `session_done` mirror the X-Session-* headers.
@@ -52,6 +53,7 @@ from clawloop.config import api_key_tenants
 from clawloop.engines.base import Engine, EngineUnavailable, GenerationRequest, SamplingParams, TokenEvent
 from clawloop.gateway.capture import Capture, TurnSlot
 from clawloop.gateway.constraints import build_constraint
+from clawloop.gateway.dashboard import mount_dashboard
 from clawloop.gateway.metrics import Metrics
 from clawloop.gateway.protocol import APIError, ChatRequest, parse_chat_request, parse_json_body
 from clawloop.gateway.render import Detokenizer, TextStream, TokenPieces, ToolCallStream, renderer_for
@@ -727,6 +729,7 @@ def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: lis
     `manage_engine` the app starts and stops the engine in its lifespan.
     `background` coroutine factories run beside the server (judge, trainer)."""
     gw = Gateway(cfg, engine, store, stats=stats)
+    background = list(background or [])  # the dashboard's history sampler joins them below
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -735,7 +738,7 @@ def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: lis
         tasks = []
         if gw.capture is not None:
             tasks.append(asyncio.create_task(gw.capture.run_sweeper()))
-        for factory in background or []:
+        for factory in background:
             tasks.append(asyncio.create_task(factory()))
         try:
             yield
@@ -833,4 +836,5 @@ def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: lis
         data, ctype = gw.metrics.render()
         return Response(data, media_type=ctype)
 
+    background.append(mount_dashboard(app, gw))  # the page at / and its /api/*
     return app
