@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,32 +31,11 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from clawloop.demo import Up, _free_port, version  # noqa: E402
-from clawloop.envs.rollout import AgentRollout  # noqa: E402
-
-CALC = {"tools": [{"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]}
+from clawloop.eval import CALCULATOR as CALC, tool_use_eval  # noqa: E402
 
 
 def evaluate(url: str, tools: str, task_ids: list[str], samples: int, max_tokens: int) -> dict[str, float]:
-    ro = AgentRollout("toolcall", {"remote_engine_url": url + "/v1", "remote_buffer_url": "http://unused",
-                                   "tools_config": tools, "max_steps": 4, "max_tokens": max_tokens,
-                                   "sampling_params": {"temperature": 1.0}, "num_process": 8})
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(8) as ex:
-        items = [x for x in ex.map(lambda t: ro.run_episode(t, "model"), [t for t in task_ids for _ in range(samples)])
-                 if x is not None]
-    ro.pool.shutdown()
-    parsed = sum(x["extra_info"]["well_formed_calls"] for x in items)
-    broken = sum(m.get("content", "").count("<tool_call>") for x in items for m in x["messages"]
-                 if m["role"] == "assistant")
-    return {"episodes": len(items),
-            "success": sum(x["extra_info"]["success"] for x in items) / max(1, len(items)),
-            "tool_use": sum(x["extra_info"]["well_formed_calls"] > 0 for x in items) / max(1, len(items)),
-            "well_formed": parsed / (parsed + broken) if parsed + broken else None,  # None: no call attempted
-            "mean_steps": statistics.mean(x["extra_info"]["n_steps"] for x in items) if items else 0.0,
-            "versions": sorted({v for x in items for v in x["extra_info"]["policy_versions"]})}
+    return tool_use_eval(url, tools, task_ids, samples, max_tokens, label="bench eval")
 
 
 def main() -> int:

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from clawloop.demo import THANKS, Wording, heldout_wording, run_user
+from clawloop.users import THANKS, Wording, heldout_wording, run_user
 from clawloop.judge import eval as judge_eval
 from clawloop.judge import offline
 from clawloop.tinymodel import corpus

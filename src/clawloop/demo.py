@@ -36,10 +36,6 @@ import argparse
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,92 +44,24 @@ from typing import Any
 
 import httpx
 
-from clawloop.tinymodel.corpus import STYLES, correction_for, fits_style, heldout_questions, sample_question
+from clawloop.progress import Progress
+from clawloop.tinymodel.corpus import STYLES, fits_style, heldout_questions
+from clawloop.users import (WORDINGS, Server, Wording, base_url, free_port, policy_version, post_result,  # noqa: F401
+                            run_user)
 
-THANKS = ("Thanks!", "Great, thank you.", "Perfect, thanks!", "Thank you!", "Nice, thanks.")
-WORDINGS = ("corpus", "heldout")
-HELDOUT_WORDING_FILE = "data/demo_wording_heldout.json"
+_free_port = free_port
 
-
-def heldout_wording() -> dict[str, Any]:
-    """The held-out phrase set: {"thanks": [...], "corrections": {style: [...]}}, checked."""
-    from importlib import resources
-
-    data = json.loads(resources.files("clawloop").joinpath(HELDOUT_WORDING_FILE).read_text(encoding="utf-8"))
-    missing = [s for s in STYLES if not data.get("corrections", {}).get(s)]
-    if not data.get("thanks") or missing:
-        raise ValueError(f"{HELDOUT_WORDING_FILE}: needs 'thanks' and corrections for every style (missing: {missing})")
-    return data
-
-
-class Wording:
-    """What simulated users say: a correction asking for a style, thanks before the next question."""
-
-    def __init__(self, kind: str = "corpus"):
-        if kind not in WORDINGS:
-            raise ValueError(f"wording must be one of {WORDINGS}, got {kind!r}")
-        self.kind = kind
-        self._heldout = heldout_wording() if kind == "heldout" else None
-
-    def correction(self, style: str, rng: random.Random) -> str:
-        if self._heldout is None:
-            return correction_for(style, rng)
-        return rng.choice(self._heldout["corrections"][style])
-
-    def thanks(self, rng: random.Random) -> str:
-        return rng.choice(self._heldout["thanks"] if self._heldout is not None else THANKS)
+def Up(args: argparse.Namespace, data_dir: str) -> Server:
+    """`clawloop up` for the demo: offline judge, the run's method, batch size, lr and seed."""
+    flags = ["--method", args.method, "--rollout-batch-size", str(args.batch_size), "--lr", str(args.lr),
+             "--judge", "offline", "--seed", str(args.seed), "--no-serve-status",
+             "--capture-session-idle-timeout-s", "30"]
+    if args.model_path:
+        flags += ["--model-path", args.model_path]
+    return Server(flags + list(args.up_args), data_dir)
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-class Up:
-    """`clawloop up` in a child process; stopped with SIGINT (graceful)."""
-
-    def __init__(self, args: argparse.Namespace, data_dir: str):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "clawloop.cli", "up", "--port", str(self.port), "--data-dir", data_dir,
-               "--method", args.method, "--rollout-batch-size", str(args.batch_size), "--lr", str(args.lr),
-               "--judge", "offline", "--seed", str(args.seed), "--no-serve-status",
-               "--capture-session-idle-timeout-s", "30"]
-        if args.model_path:
-            cmd += ["--model-path", args.model_path]
-        cmd += args.up_args
-        self.log = open(Path(data_dir) / "up.log", "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"clawloop up exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError("clawloop up did not start within 300 s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-def version(url: str) -> int:
-    return int(httpx.get(url + "/health", timeout=10).json()["policy_version"])
+version = policy_version
 
 
 JUDGE_GAUGES = ("judge_judged", "judge_score_pos", "judge_score_zero", "judge_score_neg", "judge_hints")
@@ -169,30 +97,6 @@ def satisfaction(client: Any, preference: str, questions: list[dict[str, str]], 
     return sum(ok for ok, _ in res) / len(res), max(v for _, v in res)
 
 
-def run_user(client: Any, preference: str, rng: random.Random, sid: str, turns: int,
-             wording: Wording | None = None) -> dict[str, int]:
-    """One session: questions, corrections when the answer does not fit, thanks when it does."""
-    wording = wording or Wording()
-    msgs: list[dict[str, Any]] = []
-    stats = {"answers": 0, "fit": 0}
-    pending_q = sample_question(rng)["question"]
-    for k in range(turns):
-        msgs.append({"role": "user", "content": pending_q})
-        last = k == turns - 1
-        r = client.chat.completions.create(model="clawloop", messages=msgs, max_tokens=24, temperature=1.0,
-                                           extra_headers={"X-Session-Id": sid, **({"X-Session-Done": "1"} if last
-                                                                                   else {})})
-        answer = r.choices[0].message.content or ""
-        msgs.append({"role": "assistant", "content": answer})
-        stats["answers"] += 1
-        if fits_style(answer, preference):
-            stats["fit"] += 1
-            pending_q = f"{wording.thanks(rng)} {sample_question(rng)['question']}"
-        else:
-            pending_q = wording.correction(preference, rng)
-    return stats
-
-
 def plot(curve: list[dict[str, float]], baseline: float, out: Path, title: str) -> Path | None:
     try:
         import matplotlib
@@ -217,6 +121,20 @@ def plot(curve: list[dict[str, float]], baseline: float, out: Path, title: str) 
     return png
 
 
+def demo_result(result: dict[str, Any]) -> dict[str, Any]:
+    """The run as the dashboard's learning-curve record (POST /api/results)."""
+    curve = [{"updates": 0, "score": result["baseline"]}] + [
+        {"updates": int(c["update"]), "score": c["satisfaction"], "policy_version": c["policy_version"]}
+        for c in result["curve"]]
+    summary = {k: result[k] for k in ("method", "preference", "wording", "baseline", "final", "updates", "minutes",
+                                      "batch_size", "lr", "seed", "users_fit_rate")}
+    summary["judged(+1/0/-1)"] = "/".join(f"{result['judge'].get(k, 0):.0f}" for k in
+                                          ("judge_score_pos", "judge_score_zero", "judge_score_neg"))
+    return {"kind": "demo", "name": f"{result['method']}, preference={result['preference']}, "
+                                    f"{result['wording']} wording", "created_at": time.time(), "curve": curve,
+            "summary": summary}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="clawloop demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -233,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=16, help="--rollout-batch-size of the trainer.")
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--model-path", default="", help="Policy model (default: the tiny model, built if missing).")
-    ap.add_argument("--url", default="", help="Use a running `clawloop up` at this base URL instead of starting one.")
+    ap.add_argument("--url", default="", help="Use a running `clawloop up` at this base URL instead of starting one; "
+                                              "the learning curve is then posted to its dashboard (/api/results).")
+    ap.add_argument("--post-url", default="", help="Post the learning curve to this clawloop's dashboard too "
+                                                   "(default: --url when given).")
     ap.add_argument("--out", default="demo-result.json")
     ap.add_argument("--data-dir", default="", help="Data dir for the started `up` (default: a temp dir).")
     ap.add_argument("--max-minutes", type=float, default=30.0)
@@ -252,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     up = None
     if a.url:
-        url = a.url.rstrip("/").removesuffix("/v1")
+        url = base_url(a.url)
     else:
         data = a.data_dir or tempfile.mkdtemp(prefix="clawloop-demo-")
         Path(data).mkdir(parents=True, exist_ok=True)
@@ -271,28 +192,30 @@ def main(argv: list[str] | None = None) -> int:
         baseline, _ = satisfaction(client, a.preference, questions, seed=10_000)
         print(f"demo: baseline satisfaction {baseline:.2f} at policy v{v0}", flush=True)
         last_v, sessions = v0, 0
-        while last_v - v0 < a.updates and time.time() - t0 < a.max_minutes * 60:
-            with ThreadPoolExecutor(a.users) as ex:
-                futs = [ex.submit(run_user, client, a.preference, random.Random(rng.random()),
-                                  f"user{u}-s{sessions}", a.turns, wording) for u in range(a.users)]
-                for f in futs:
-                    s = f.result()
-                    users_fit += s["fit"]
-                    users_answers += s["answers"]
-            sessions += 1
-            # give the judge and the trainer a moment to turn this round into an update
-            deadline = time.time() + a.settle_s
-            while version(url) == last_v and time.time() < deadline:
-                time.sleep(0.2)
-            v = version(url)
-            if v == last_v:
-                continue
-            sat, seen = satisfaction(client, a.preference, questions, seed=10_000)
-            last_v = seen
-            curve.append({"update": seen - v0, "policy_version": seen, "satisfaction": sat,
-                          "minutes": (time.time() - t0) / 60})
-            print(f"demo: update {seen - v0} (v{seen}) satisfaction {sat:.2f} "
-                  f"[{(time.time() - t0) / 60:.1f} min]", flush=True)
+        with Progress(a.updates, "demo updates") as bar:
+            while last_v - v0 < a.updates and time.time() - t0 < a.max_minutes * 60:
+                with ThreadPoolExecutor(a.users) as ex:
+                    futs = [ex.submit(run_user, client, a.preference, random.Random(rng.random()),
+                                      f"user{u}-s{sessions}", a.turns, wording) for u in range(a.users)]
+                    for f in futs:
+                        s = f.result()
+                        users_fit += s["fit"]
+                        users_answers += s["answers"]
+                sessions += 1
+                # give the judge and the trainer a moment to turn this round into an update
+                deadline = time.time() + a.settle_s
+                while version(url) == last_v and time.time() < deadline:
+                    time.sleep(0.2)
+                v = version(url)
+                if v == last_v:
+                    continue
+                sat, seen = satisfaction(client, a.preference, questions, seed=10_000)
+                last_v = seen
+                curve.append({"update": seen - v0, "policy_version": seen, "satisfaction": sat,
+                              "minutes": (time.time() - t0) / 60})
+                print(f"demo: update {seen - v0} (v{seen}) satisfaction {sat:.2f} "
+                      f"[{(time.time() - t0) / 60:.1f} min]", flush=True)
+                bar.update(min(seen - v0, a.updates) - bar.done, note=f"satisfaction {sat:.2f}")
         judged = judge_counts(url)
     finally:
         if up is not None:
@@ -310,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     png = plot(curve, baseline, out, f"clawloop demo: {a.method}, preference={a.preference}, {a.wording} wording")
     if png:
         print(f"demo: wrote {out} and {png}", flush=True)
+    post_to = [u for u in dict.fromkeys([a.post_url, a.url]) if u]
+    for target in post_to:
+        rid = post_result(target, demo_result(result))
+        if rid:
+            print(f"demo: learning curve posted to {base_url(target)}/#/results ({rid})", flush=True)
     verdicts = "/".join(f"{judged.get(k, 0):.0f}" for k in ("judge_score_pos", "judge_score_zero", "judge_score_neg"))
     print(f"method={a.method} baseline={baseline:.2f} final={final:.2f} updates={result['updates']} "
           f"minutes={minutes:.1f} wording={a.wording} preference={a.preference} "
