@@ -12,7 +12,7 @@ import pytest
 
 from clawloop.eval import _jsonl, check_code, extract_code
 from clawloop.eval import main as eval_main
-from clawloop.users import PERSONAS, LLMRater, LLMUser, RuleRater, RuleUser, parse_score, personas_from
+from clawloop.users import PERSONAS, WRONG, RuleRater, RuleUser, parse_score, personas_from
 from tests.conftest import run_cli
 
 
@@ -38,6 +38,14 @@ def test_rule_rater_and_user_follow_the_persona():
     assert ok
     text, ok = user.reply(q, [{"role": "assistant", "content": "The answer is 19."}], rng)
     assert not ok and text
+    picky = RuleUser(student.style, check_answer=True)   # eval's users also want the right result
+    text, ok = picky.reply(q, [{"role": "assistant", "content": "20"}], rng)
+    assert not ok and text.split(".")[0] in {w.split(".")[0] for w in WRONG}
+    from clawloop.judge.offline import classify_user_reply
+
+    assert classify_user_reply(text).score == -1       # the offline judge reads it as a correction
+    text, ok = picky.reply(q, [{"role": "assistant", "content": "19"}], rng)
+    assert ok
     with pytest.raises(ValueError, match="--personas: unknown persona 'pirate'"):
         personas_from("student,pirate")
 

@@ -143,7 +143,12 @@ class Measure:
                 out.append(r)
                 bar.update(1)
         valid = [s for s, _, _ in out if s is not None]
+        parts: dict[str, float] = {}
+        if isinstance(self.rater, RuleRater) and out:  # the two halves of the built-in score, apart
+            got = [self.rater.parts(self.persona, p, a) for p, (_, _, a) in zip(self.problems, out)]
+            parts = {k: sum(g[k] for g in got) / len(got) for k in ("correct", "form")}
         return {"score": sum(valid) / len(valid) if valid else None, "rated": len(valid), "asked": len(out),
+                **parts,
                 "policy_version": max(v for _, v, _ in out) if out else -1,
                 "answers": [{"question": p["question"], "opening": o, "answer": a, "score": s}
                             for p, o, (s, _, a) in zip(self.problems, self.openings, out)]}
@@ -154,7 +159,7 @@ def make_user(persona: Persona, a: argparse.Namespace, client_for: Any) -> User:
         return LLMUser(persona, client_for(a.user_model_url), a.user_model)
     from clawloop.users import Wording
 
-    return RuleUser(persona.style, Wording(a.wording))
+    return RuleUser(persona.style, Wording(a.wording), check_answer=True)
 
 
 def make_rater(a: argparse.Namespace, client_for: Any) -> Rater:
@@ -190,6 +195,7 @@ def train_persona(a: argparse.Namespace, url: str, client: Any, persona: Persona
             m = measure(client, f"after update {policy_version(url) - v0}")
             last_v = m["policy_version"]
             curve.append({"updates": last_v - v0, "policy_version": last_v, "score": m["score"], "rated": m["rated"],
+                          **{k: m[k] for k in ("correct", "form") if k in m},
                           "minutes": (time.time() - t0) / 60, "answers": m["answers"]})
             bar.update(min(last_v - v0, a.train_updates) - bar.done, note=f"score {_fmt(m['score'])}")
     return curve, stats
@@ -230,6 +236,8 @@ def run_personas(a: argparse.Namespace, client_for: Any) -> dict[str, Any]:
             curve, stats = train_persona(a, url, client, persona, user, measure, t0) if trains else ([], {})
             after = curve[-1]["score"] if curve else None
             rec = {"before": before["score"], "after": after, "updates": curve[-1]["updates"] if curve else 0,
+                   **{f"{k}_before": before[k] for k in ("correct", "form") if k in before},
+                   **{f"{k}_after": curve[-1][k] for k in ("correct", "form") if curve and k in curve[-1]},
                    "policy_version_before": before["policy_version"], "rated": before["rated"],
                    "asked": before["asked"], "curve": curve, "answers_before": before["answers"],
                    "users": stats, "user": "llm" if a.user_model_url else "rules",
@@ -238,9 +246,11 @@ def run_personas(a: argparse.Namespace, client_for: Any) -> dict[str, Any]:
                 rec["rater_invalid"] = rater.invalid
                 rec["rater_calls"] = rater.calls
             out["personas"][persona.name] = rec
+            parts = "".join(f" {k}={_fmt(rec.get(k + '_before'))}->{_fmt(rec.get(k + '_after'))}"
+                            for k in ("correct", "form") if k + "_before" in rec)
             print(f"persona={persona.name} before={_fmt(rec['before'])} after={_fmt(after)} "
                   f"updates={rec['updates']} rated={rec['rated']}/{rec['asked']} user={rec['user']} "
-                  f"rater={rec['rater']}", flush=True)
+                  f"rater={rec['rater']}{parts}", flush=True)
         finally:
             if server is not None:
                 server.stop()
@@ -428,7 +438,24 @@ def plot(result: dict[str, Any], png: Path, title: str) -> Path | None:
     table = headline(result)
     groups = list(table)
     metrics = list(dict.fromkeys(m for row in table.values() for m in row))
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(groups) * max(1, len(metrics)) / 2 + 2), 3.6))
+    curves = {p: r for p, r in result.get("personas", {}).items() if r["curve"]}
+    width_in = max(5.0, 1.6 * len(groups) * max(1, len(metrics)) / 2 + 2)
+    if curves:  # before/after bars, and each persona's curve with the built-in rater's two halves
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(width_in + 5, 3.6))
+        for k, (p, r) in enumerate(curves.items()):
+            pts = [(0, r["before"], r.get("correct_before"), r.get("form_before"))] + [
+                (c["updates"], c["score"], c.get("correct"), c.get("form")) for c in r["curve"]]
+            color = f"C{k}"
+            ax2.plot([x[0] for x in pts], [x[1] for x in pts], marker="o", color=color, label=f"{p} score")
+            for j, (part, style) in enumerate((("correct", "--"), ("form", ":"))):
+                if pts[0][2 + j] is not None:
+                    ax2.plot([x[0] for x in pts], [x[2 + j] for x in pts], style, color=color, label=f"{p} {part}")
+        ax2.set_xlabel("policy update")
+        ax2.set_ylim(0, 1.05)
+        ax2.grid(alpha=0.3)
+        ax2.legend(fontsize=7)
+    else:
+        fig, ax = plt.subplots(figsize=(width_in, 3.6))
     width = 0.8 / max(1, len(metrics))
     for j, metric in enumerate(metrics):
         xs = [i + j * width for i in range(len(groups))]
@@ -461,6 +488,8 @@ def dashboard_results(result: dict[str, Any], a: argparse.Namespace) -> list[dic
                 {"updates": int(c["updates"]), "score": c["score"]} for c in r["curve"] if c["score"] is not None]
             out.append({"kind": "eval", "name": f"persona {name} ({who})", "created_at": now, "curve": curve,
                         "summary": {"before": r["before"], "after": r["after"], "updates": r["updates"],
+                                    **{k: r[k] for k in ("correct_before", "correct_after", "form_before",
+                                                         "form_after") if k in r},
                                     "rated": f"{r['rated']}/{r['asked']}", "problem_set": a.problem_set,
                                     "problems": a.problems}})
         return out

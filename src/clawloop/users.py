@@ -130,20 +130,29 @@ class User(Protocol):
         """The user's next message after the last (assistant) message, and whether it satisfied them."""
 
 
-class RuleUser:
-    """The built-in user: satisfied when the answer is in `style`; else asks for it in `wording`."""
+WRONG = ("That's wrong.", "No, that's not right.", "That is incorrect, try again.")
 
-    def __init__(self, style: str, wording: Wording | None = None):
+
+class RuleUser:
+    """The built-in user: satisfied when the answer is in `style`; else asks for it in `wording`. With
+    `check_answer` it also wants the right result: a wrong one gets "That's wrong." (plus the style
+    correction when the form misses too), which the offline judge reads as -1."""
+
+    def __init__(self, style: str, wording: Wording | None = None, *, check_answer: bool = False):
         if style not in STYLES:
             raise ValueError(f"unknown style {style!r}; expected one of {STYLES}")
-        self.style, self.wording = style, wording or Wording()
+        self.style, self.wording, self.check_answer = style, wording or Wording(), check_answer
 
     def opening(self, problem: dict[str, str], rng: random.Random) -> str:
         return problem["question"]
 
     def reply(self, problem: dict[str, str], messages: list[dict[str, Any]], rng: random.Random
               ) -> tuple[str, bool]:
-        if fits_style(messages[-1].get("content") or "", self.style):
+        answer = messages[-1].get("content") or ""
+        fits = fits_style(answer, self.style)
+        if self.check_answer and extract_answer(answer) != str(problem.get("answer", "")).strip().lower():
+            return (rng.choice(WRONG) + ("" if fits else " " + self.wording.correction(self.style, rng))), False
+        if fits:
             return self.wording.thanks(rng), True
         return self.wording.correction(self.style, rng), False
 
@@ -245,9 +254,13 @@ class Rater(Protocol):
 class RuleRater:
     """The built-in rater: 0.5 for the right result, 0.5 for the persona's style (`corpus.fits_style`)."""
 
+    def parts(self, persona: Persona, problem: dict[str, str], answer: str) -> dict[str, bool]:
+        return {"correct": extract_answer(answer) == str(problem.get("answer", "")).strip().lower(),
+                "form": fits_style(answer, persona.style)}
+
     def score(self, persona: Persona, problem: dict[str, str], answer: str) -> float | None:
-        right = extract_answer(answer) == str(problem.get("answer", "")).strip().lower()
-        return 0.5 * right + 0.5 * fits_style(answer, persona.style)
+        p = self.parts(persona, problem, answer)
+        return 0.5 * p["correct"] + 0.5 * p["form"]
 
 
 _SCORE = re.compile(r"score\s*[:=]?\s*(\d+(?:\.\d+)?)", re.I)
