@@ -145,12 +145,14 @@ def test_bad_flags_name_the_flag():
     assert r.returncode == 2 and "--personas" in r.stderr
 
 
-def test_demo_url_posts_its_curve(gateway, tmp_path):
+def test_demo_url_posts_its_curve(gateway, tmp_path, capsys):
     from clawloop.demo import main as demo_main
 
     rc = demo_main(["--url", gateway.url, "--updates", "0", "--eval-questions", "4", "--out",
                     str(tmp_path / "demo.json")])
     assert rc == 0
+    out = capsys.readouterr()
+    assert "learning curve posted" in out.out and "warning" not in out.err
     listed = httpx.get(gateway.url + "/api/results").json()["data"]
     assert listed[0]["kind"] == "demo" and listed[0]["curve"][0]["updates"] == 0
     assert listed[0]["summary"]["baseline"] == json.loads((tmp_path / "demo.json").read_text())["baseline"]

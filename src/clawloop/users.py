@@ -371,7 +371,7 @@ def post_result(url: str, result: dict[str, Any], api_key: str = "") -> str | No
     except httpx.HTTPError as e:
         print(f"warning: could not post the result to {url}: {e}", file=sys.stderr)
         return None
-    if r.status_code != 200:
+    if not 200 <= r.status_code < 300:
         print(f"warning: {url}/api/results answered {r.status_code}: {r.text[:200]}", file=sys.stderr)
         return None
     return r.json().get("id")
