@@ -45,10 +45,11 @@ run: $(STAMP)
 	$(BIN)/clawloop tiny-model --if-missing
 	$(BIN)/clawloop up
 
-# System packages: bubblewrap (the agent tracks' sandbox), chromium (the dashboard's browser test). Installed with apt
+# System packages: bubblewrap (the agent tracks' sandbox), chromium (the dashboard's browser test and the GUI
+# track), chromium-driver (the GUI track's selenium backend). Installed with apt
 # when this runs as root on Debian; elsewhere a note, and the tests that need them
 # skip with the reason.
-SYSPKGS ?= bubblewrap chromium
+SYSPKGS ?= bubblewrap chromium chromium-driver
 sysdeps:
 	@missing=""; for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \

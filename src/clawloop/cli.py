@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from clawloop.config import ConfigError, add_config_arguments, load_config
 
+TRACK_NAMES = ("toolcall", "terminal", "swe", "gui")
 COMMANDS = ("up", "serve", "judge", "train", "buffer", "export", "import", "tiny-model", "judge-eval", "demo", "eval", "env",
             "envpool", "swe")
 
@@ -169,19 +170,20 @@ def _env_options(cfg) -> "Any":
     e = cfg.env
     return EnvOptions(max_steps=e.max_steps, sandbox=e.sandbox, allow_unsandboxed=e.allow_unsandboxed,
                       command_timeout_s=e.command_timeout_s, memory_mb=e.memory_mb, disk_mb=e.disk_mb,
-                      task_dir=e.task_dir, tools_config=e.tools_config)
+                      task_dir=e.task_dir, tools_config=e.tools_config, screenshot_backend=e.screenshot_backend,
+                      gui_observation=e.gui_observation)
 
 
 def _track_of(cfg, own_track: str | None) -> str:
     track = own_track or cfg.env.track
     if not track:
-        raise ConfigError("env.track: name the track with --track (or ENV_TYPE): toolcall, terminal or swe")
+        raise ConfigError("env.track: name the track with --track (or ENV_TYPE): toolcall, terminal, swe or gui")
     return track
 
 
 def cmd_env(argv: list[str]) -> int:
     if not argv or argv[0] != "check":
-        print("usage: clawloop env check --track toolcall|terminal|swe [--task-dir DIR] [--tasks a,b]",
+        print("usage: clawloop env check --track toolcall|terminal|swe|gui [--task-dir DIR] [--tasks a,b]",
               file=sys.stderr)
         return 2
     from clawloop.envs.check import run_check
@@ -189,7 +191,7 @@ def cmd_env(argv: list[str]) -> int:
 
     p = _parser("env check", "Run every task's reference solution (must score the maximum) and a do-nothing "
                              "agent (must not), sandboxed, in parallel.")
-    p.add_argument("--track", default=None, choices=("toolcall", "terminal", "swe"), help="Track (or ENV_TYPE).")
+    p.add_argument("--track", default=None, choices=TRACK_NAMES, help="Track (or ENV_TYPE).")
     p.add_argument("--tasks", default="", help="Only these task ids, comma-separated.")
     cfg, own = _config(p, argv[1:], ("track", "tasks"))
     track = _track_of(cfg, own["track"])
@@ -205,7 +207,7 @@ def cmd_envpool(argv: list[str]) -> int:
     from clawloop.envs.pool import run_pool_server
 
     p = _parser("envpool", "Serve one agent track's environment pool (allocate/reset/step/evaluate/close leases).")
-    p.add_argument("--track", default=None, choices=("toolcall", "terminal", "swe"), help="Track (or ENV_TYPE).")
+    p.add_argument("--track", default=None, choices=TRACK_NAMES, help="Track (or ENV_TYPE).")
     # In this command --host/--port mean the pool's own address (default port 8890).
     renamed, host, port = [], "127.0.0.1", 8890
     it = iter(argv)

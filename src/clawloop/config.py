@@ -247,9 +247,9 @@ class BufferConfig:
 
 @dataclass
 class EnvConfig:
-    track: str = opt("", "Agent track whose rollout `clawloop buffer` starts at once (toolcall, terminal, swe); "
-                         "empty: wait for POST /start_rollout.", flags=("--env-type",), env=("ENV_TYPE",),
-                     choices=("", "toolcall", "terminal", "swe"))
+    track: str = opt("", "Agent track whose rollout `clawloop buffer` starts at once (toolcall, terminal, swe, "
+                         "gui); empty: wait for POST /start_rollout.", flags=("--env-type",), env=("ENV_TYPE",),
+                     choices=("", "toolcall", "terminal", "swe", "gui"))
     max_steps: int = opt(20, "Agent steps per episode.", flags=("--max-steps",), env=("MAX_STEPS",))
     parallel_envs: int = opt(4, "Environments run at once (the env pool's capacity).", flags=("--parallel-envs",),
                              env=("PARALLEL_ENVS",))
@@ -267,6 +267,12 @@ class EnvConfig:
                                    flags=("--command-timeout",))
     memory_mb: int = opt(4096, "Address space per sandboxed process, MB.")
     disk_mb: int = opt(512, "Workspace quota per environment, MB.")
+    screenshot_backend: str = opt("playwright", "gui: how the system chromium is driven: playwright or selenium "
+                                                "(chromedriver).", flags=("--screenshot-backend",),
+                                  env=("SCREENSHOT_BACKEND",), choices=("playwright", "selenium"))
+    gui_observation: str = opt("dom", "gui: what the agent sees each step: dom (an element list with refs, for "
+                                      "text models), screenshot (a PNG as an image_url part, for VLMs) or both.",
+                               flags=("--gui-observation",), choices=("dom", "screenshot", "both"))
     pool_url: str = opt("", "Use the env pool at this URL (`clawloop envpool`) instead of a local one.",
                         flags=("--env-pool-url",))
     lease_ttl_s: float = opt(600.0, "An env lease with no call or heartbeat for this long is reaped.")
@@ -290,7 +296,8 @@ class EnvConfig:
              "command_timeout_s": self.command_timeout_s, "memory_mb": self.memory_mb, "disk_mb": self.disk_mb,
              "env_pool_url": self.pool_url, "prm": self.prm, "prm_url": self.prm_url, "prm_model": self.prm_model,
              "prm_votes": self.prm_votes, "prm_step_coef": self.prm_step_coef, "num_tasks": self.num_tasks,
-             "max_tokens": self.max_tokens}
+             "max_tokens": self.max_tokens, "screenshot_backend": self.screenshot_backend,
+             "gui_observation": self.gui_observation}
         return {k: v for k, v in d.items() if v not in ("", 0) or k in ("prm_step_coef", "allow_unsandboxed")}
 
 

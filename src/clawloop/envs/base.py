@@ -33,7 +33,7 @@ import importlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-TRACKS = ("toolcall", "terminal", "swe")
+TRACKS = ("toolcall", "terminal", "swe", "gui")
 """Built-in tracks, by ENV_TYPE name; module `clawloop.envs.<name>` defines `TRACK`."""
 
 NOOP_MESSAGE: dict[str, Any] = {"role": "assistant", "content": "I am done."}
@@ -60,6 +60,8 @@ class Task:
 class Observation:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    """E.g. {"reset_ms": 400, "screenshot_png_b64": "..."} (gui); recorded, never shown to the agent."""
 
 
 @dataclass
@@ -96,6 +98,10 @@ class EnvOptions:
     """Where episode workspaces are made (default: a temp folder)."""
     keep_workspaces: bool = False
     """Keep each episode's workspace after close (debugging)."""
+    screenshot_backend: str = "playwright"
+    """gui: how chromium is driven, `playwright` (default) or `selenium` (chromedriver); SCREENSHOT_BACKEND."""
+    gui_observation: str = "dom"
+    """gui: what observations carry, `dom` (element list), `screenshot` (PNG) or `both`; the PNG is always taken."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -101,6 +101,11 @@ class EnvPool:
             if task_id is None:
                 raise PoolError(404, f"track {self.track_name!r} has no tasks")
         task = self.tasks.get(str(task_id))
+        if task is None and hasattr(self.track, "get_task"):  # listed or not (gui: a page without a solver)
+            try:
+                task = self.track.get_task(str(task_id))
+            except ValueError:
+                task = None
         if task is None:
             raise PoolError(404, f"no task {task_id!r} in track {self.track_name!r}")
         with self._lock:
@@ -156,7 +161,8 @@ class EnvPool:
     def reset(self, lease_id: str) -> dict[str, Any]:
         def go(env: Env) -> dict[str, Any]:
             obs = env.reset()
-            return {"messages": obs.messages, "tools": obs.tools, "describe": env.describe()}
+            return {"messages": obs.messages, "tools": obs.tools, "describe": env.describe(),
+                    "info": dict(getattr(obs, "info", None) or {})}
         return self._call(lease_id, "reset", go)
 
     def step(self, lease_id: str, message: dict[str, Any]) -> dict[str, Any]:

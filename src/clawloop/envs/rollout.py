@@ -38,10 +38,13 @@ and any failure (gateway down, environment crash) ends it with the reason in
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from clawloop.envs.base import NOOP_MESSAGE, EnvOptions, tool_calls_of
@@ -50,7 +53,7 @@ from clawloop.envs.prm import StepPRM
 from clawloop.generators.math_generator import MathRollout
 
 ENV_OPTION_KEYS = ("max_steps", "sandbox", "allow_unsandboxed", "command_timeout_s", "memory_mb", "disk_mb",
-                   "task_dir", "tools_config", "work_dir", "keep_workspaces")
+                   "task_dir", "tools_config", "work_dir", "keep_workspaces", "screenshot_backend", "gui_observation")
 
 
 def _log(track: str, msg: str) -> None:
@@ -91,6 +94,7 @@ class AgentRollout(MathRollout):
         self.pool = connect_pool(data.get("env_pool_url") or None, track, self.opts, capacity=self.num_process)
         self.prm = StepPRM.from_data(data, self.engine_url, track)
         self.lease_wait_s = float(data.get("lease_wait_s", 600))
+        self.artifact_dir = Path(data.get("artifact_dir") or Path(tempfile.gettempdir()) / f"clawloop-{track}-artifacts")
 
     # -- tasks --------------------------------------------------------------------
     def task_ids(self) -> list[str]:
@@ -194,9 +198,26 @@ class AgentRollout(MathRollout):
             except PoolError:
                 pass
 
+    def _save_screenshot(self, episode: str, name: str, b64: str | None) -> str | None:
+        """Write one observation's PNG beside the item (`artifact_dir/<episode>/<name>.png`); its path."""
+        if not b64:
+            return None
+        import base64
+
+        folder = self.artifact_dir / episode
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.png"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(base64.b64decode(b64))
+        os.replace(tmp, path)
+        return str(path)
+
     def _episode(self, task_id: str, lid: str, agent: str) -> dict[str, Any] | None:
         first = self.pool.reset(lid)
+        episode = str(uuid.uuid4())
         messages: list[dict[str, Any]] = list(first["messages"])
+        first_shot = self._save_screenshot(episode, "step-00-reset", (first.get("info") or {}).pop(
+            "screenshot_png_b64", None))
         tools = first.get("tools")
         script: list[dict[str, Any]] = []
         if agent == "oracle":
@@ -223,7 +244,11 @@ class AgentRollout(MathRollout):
             n_calls += len(calls)
             well_formed += sum(1 for c in calls if c["arguments"] is not None)
             res = self.pool.step(lid, assistant)
-            step = {"step": t, "prompt_messages": len(messages), **out, "info": res.get("info") or {}}
+            info = res.get("info") or {}
+            shot = self._save_screenshot(episode, f"step-{t + 1:02d}", info.pop("screenshot_png_b64", None))
+            step = {"step": t, "prompt_messages": len(messages), **out, "info": info}
+            if shot:
+                step["screenshot"] = shot  # what the agent saw after this step
             if self.prm is not None:
                 j = self.prm.score(messages, assistant, res["messages"], step["info"])
                 step["prm_score"], step["prm_votes"] = j["score"], j["votes"]
@@ -240,8 +265,14 @@ class AgentRollout(MathRollout):
             return None
         ev = self.pool.evaluate(lid)
         describe = first.get("describe") or {}
-        return self._item(task_id, agent, messages, tools, steps, ev, end_reason, n_calls, well_formed, describe,
+        item = self._item(task_id, agent, messages, tools, steps, ev, end_reason, n_calls, well_formed, describe,
                           time.monotonic() - t0)
+        if first_shot or any(s.get("screenshot") for s in steps):
+            item["uid"] = episode
+            item["extra_info"]["screenshots"] = {"dir": str(self.artifact_dir / episode), "reset": first_shot,
+                                                 "steps": [s.get("screenshot") for s in steps]}
+            item["messages"] = [_strip_images(m) for m in item["messages"]]
+        return item
 
     def _item(self, task_id: str, agent: str, messages: list[dict[str, Any]], tools: Any, steps: list[dict[str, Any]],
               ev: dict[str, Any], end_reason: str, n_calls: int, well_formed: int, describe: dict[str, Any],
@@ -306,6 +337,23 @@ class AgentRollout(MathRollout):
             self.client.close()
         _log(self.track, f"done: {dict(self.counts)}")
         return dict(self.counts)
+
+
+def _strip_images(message: dict[str, Any]) -> dict[str, Any]:
+    """The message with image parts' data URLs replaced by a short marker (the PNGs are saved as files and the
+    token ids carry what the model saw); text parts kept."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = []
+    for p in content:
+        if isinstance(p, dict) and p.get("type") == "image_url":
+            url = str((p.get("image_url") or {}).get("url", ""))
+            parts.append({"type": "image_url", "image_url": {"url": url if not url.startswith("data:") else
+                                                             f"(screenshot, {len(url)} chars, saved as a file)"}})
+        else:
+            parts.append(p)
+    return {**message, "content": parts}
 
 
 def run_agent_rollout(track: str, data: dict[str, Any]) -> dict[str, Any]:
