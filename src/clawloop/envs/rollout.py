@@ -229,6 +229,7 @@ class AgentRollout(MathRollout):
         n_calls = well_formed = 0
         t0 = time.monotonic()
         for t in range(self.opts.max_steps):
+            t_model = time.monotonic()
             if agent == "model":
                 out = self._chat(messages, tools)
             else:
@@ -239,14 +240,18 @@ class AgentRollout(MathRollout):
             if out is None:
                 end_reason = "gateway_failed"
                 break
+            model_ms = round(1000 * (time.monotonic() - t_model), 1)  # the gateway call (oracle: a render)
             assistant = out.pop("assistant")
             calls = tool_calls_of(assistant)
             n_calls += len(calls)
             well_formed += sum(1 for c in calls if c["arguments"] is not None)
+            t_env = time.monotonic()
             res = self.pool.step(lid, assistant)
+            env_ms = round(1000 * (time.monotonic() - t_env), 1)
             info = res.get("info") or {}
             shot = self._save_screenshot(episode, f"step-{t + 1:02d}", info.pop("screenshot_png_b64", None))
-            step = {"step": t, "prompt_messages": len(messages), **out, "info": info}
+            step = {"step": t, "prompt_messages": len(messages), **out, "info": info, "model_ms": model_ms,
+                    "env_ms": env_ms}
             if shot:
                 step["screenshot"] = shot  # what the agent saw after this step
             if self.prm is not None:
