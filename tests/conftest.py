@@ -141,3 +141,22 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120):
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "clawloop.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=e)
+
+
+# A tiny random Qwen2-VL (tests/test_vlm.py, the GUI track's screenshot observations).
+@pytest.fixture(scope="session")
+def vlm_dir(tmp_path_factory):
+    from clawloop.tinymodel.vlm import build_tiny_vlm
+
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm") / "model")
+
+
+@pytest.fixture(scope="session")
+def vlm_engine(vlm_dir):
+    from clawloop.engines.hf import HFEngine
+
+    eng = HFEngine(vlm_dir, device="cpu", dtype="float32", max_batch_size=8, max_model_len=1024)
+    assert eng.supports_images and eng.image_token_id is not None
+    asyncio.run(eng.start())
+    yield eng
+    asyncio.run(eng.stop())

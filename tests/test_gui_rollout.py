@@ -96,3 +96,33 @@ def test_screenshot_observations_are_image_parts_and_stripped_from_items():
     out = _strip_images(msg)
     assert out["content"][0] == msg["content"][0]
     assert "saved as a file" in out["content"][1]["image_url"]["url"] and png not in json.dumps(out)
+
+
+def test_screenshot_observations_reach_a_vlm_token_exact(vlm_engine, vlm_dir, tmp_path):
+    """`--gui-observation screenshot`: each observation's PNG goes to the gateway as an image_url part, the
+    tiny VLM sees it (the prompt ids hold its image tokens), each step is token-exact, and the item keeps
+    paths to the PNGs instead of data URLs."""
+    from clawloop.envs.rollout import AgentRollout
+
+    gw = Gateway(vlm_engine, vlm_dir, tmp_path / "gw")
+    try:
+        ro = AgentRollout("gui", {"remote_engine_url": gw.url + "/v1", "remote_buffer_url": "http://unused",
+                                  "gui_observation": "screenshot", "max_steps": 2, "max_tokens": 8,
+                                  "num_process": 1, "artifact_dir": str(tmp_path / "art")})
+        try:
+            item = ro.run_episode("click-button", "model")
+        finally:
+            ro.pool.shutdown()
+    finally:
+        gw.stop()
+    assert item is not None and item["steps"]
+    pad = vlm_engine.image_token_id
+    for st in item["steps"]:
+        assert st["token_exact"] and st["prompt_ids"].count(pad) > 0
+        assert len(st["response_ids"]) == len(st["response_logprobs"]) > 0
+    first_user = item["messages"][1]["content"]
+    assert isinstance(first_user, list) and first_user[-1]["type"] == "image_url"
+    assert "base64" not in json.dumps(item["messages"])
+    assert _png(item["extra_info"]["screenshots"]["reset"])
+    # what the gateway captured for the VLM: the image stored once per distinct screenshot under its data dir
+    assert list((tmp_path / "gw" / "images").glob("*.png"))

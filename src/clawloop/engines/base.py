@@ -51,6 +51,9 @@ class GenerationRequest:
     request_id: str = ""
     session_id: str | None = None
     """Routing key: engines with several replicas keep a session on one (warm prefix cache)."""
+    multimodal: Any = None
+    """Pixel inputs for the image placeholders in `prompt_ids`, as the engine's own `prepare_images`
+    made them (opaque to everyone else); None for text-only prompts."""
 
 
 @dataclass
@@ -88,6 +91,14 @@ class EngineUnavailable(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
+class ImageInputError(ValueError):
+    """An image the engine could not use (`prepare_images`): `index` is its position in the list given."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index
+
+
 @runtime_checkable
 class Engine(Protocol):
     tokenizer: Any
@@ -110,3 +121,17 @@ class Engine(Protocol):
         ...
 
     def stats(self) -> dict[str, float]: ...
+
+
+# Engines that take images (the in-process HF engine serving a vision-language model) also have:
+#
+#     supports_images: bool
+#         True when the served model takes image inputs. An engine without the attribute takes none
+#         (the gateway refuses image parts for it).
+#     prepare_images(prompt_ids, images) -> (prompt_ids, multimodal)
+#         Thread-safe and blocking (the gateway runs it off the event loop). `prompt_ids` is the rendered
+#         prompt with one image placeholder id per image (as the chat template writes it), `images` the
+#         encoded image files (bytes) in the same order. Returns the prompt with each placeholder expanded
+#         as the model's processor expands it -- the ids the engine sees and capture stores -- and the
+#         pixel inputs to pass as `GenerationRequest.multimodal`. Raises `ImageInputError` for an image
+#         it cannot use and ValueError when placeholders and images do not match.

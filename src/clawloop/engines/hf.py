@@ -17,13 +17,30 @@ is for; big GPU models belong on vLLM/SGLang.
 
 Logprobs are log_softmax of the raw logits (temperature 1) at the sampled id,
 the quantity the trainer recomputes; temperature/top-p shape sampling only.
+
+Images. A model folder with an image processor (`preprocessor_config.json`) whose
+model type is an image-text-to-text one (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: loaded
+with `AutoModelForImageTextToText`) is served with `supports_images`. The gateway
+renders the prompt with one `<|image_pad|>` per image (the chat template's) and
+calls `prepare_images`: each placeholder is expanded to the ids the model's
+processor expands it to (Qwen: one per merged patch), and those expanded ids are
+what the engine sees and capture stores; the pixel inputs ride on the request
+(`GenerationRequest.multimodal`) and enter the prefill only. Prefill positions
+come from the model's own `get_rope_index` (M-RoPE: 3-D positions over the
+image grid); each row keeps its rope delta, so decoding continues at
+`tokens so far + delta`, exactly what `generate` does. Per-image processing is
+cached by content (an agent resends its earlier screenshots every turn).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
+import hashlib
+import io
 import itertools
+import json
 import logging
 import queue
 import threading
@@ -34,7 +51,7 @@ from typing import Any, AsyncIterator, Mapping
 
 import torch
 
-from clawloop.engines.base import GenerationRequest, SamplingParams, TokenEvent
+from clawloop.engines.base import GenerationRequest, ImageInputError, SamplingParams, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +75,9 @@ class _Row:
     """The row's grammar matcher when its request has a constraint."""
     counts: torch.Tensor | None = None
     """(V,) how often each id was generated so far, for presence/frequency penalties."""
+    pos_delta: int = 0
+    """Rope position minus token count after the prompt (M-RoPE models with images: the image grid takes
+    fewer positions than tokens)."""
 
 
 @dataclass
@@ -100,6 +120,14 @@ def load_state_dict_from_dir(path: str | Path) -> dict[str, torch.Tensor]:
     return sd
 
 
+IMAGE_CACHE_BYTES = 256 * 1024 * 1024
+"""Processed images kept for reuse (an agent resends its earlier screenshots every turn)."""
+
+
+def _has_image_processor(path: Path) -> bool:
+    return any((path / f).exists() for f in ("preprocessor_config.json", "processor_config.json"))
+
+
 class HFEngine:
     """Continuous-batching transformers engine; see the module docstring."""
 
@@ -116,7 +144,23 @@ class HFEngine:
         self.threads = threads
         self.admit_wait_s = admit_wait_ms / 1000.0
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        self.supports_images = False
+        """True when the served model takes images (see the module docstring)."""
+        self.images_unsupported_reason = "the served model takes text only"
+        self.image_token_id: int | None = None
+        self._image_processor: Any = None
+        self._merge_size = 1
+        self._image_cache: collections.OrderedDict[str, tuple[list[int], dict[str, torch.Tensor]]] = \
+            collections.OrderedDict()
+        self._image_cache_bytes = 0
+        self._image_lock = threading.Lock()
+        vision_cls = self._vision_model_class()
+        self._vision = vision_cls is not None
+        """Loaded as an image-text-to-text model (whether or not images can be taken)."""
+        self._model_cls: Any = vision_cls or AutoModelForCausalLM
+        model = self._model_cls.from_pretrained(self.model_path, dtype=self.dtype)
+        if self._vision:
+            self._setup_images(model)
         model.to(self.device).eval()
         model.requires_grad_(False)
         self._current = _Cohort(model=model, version=policy_version)
@@ -162,6 +206,128 @@ class HFEngine:
                    admit_wait_ms=cfg.model.admit_wait_ms,
                    max_model_len=cfg.model.max_model_len, threads=cfg.model.threads)
 
+    # -- images ----------------------------------------------------------
+    def _vision_model_class(self) -> Any:
+        """`AutoModelForImageTextToText` for an image-text-to-text model type that either has no causal-LM
+        class (Qwen2-VL and its kin) or comes with an image processor; else None (the text path as ever)."""
+        import transformers
+        from transformers import AutoConfig
+        from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                            MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+        path = Path(self.model_path)
+        if not (path / "config.json").exists():
+            return None
+        model_type = getattr(AutoConfig.from_pretrained(self.model_path), "model_type", None)
+        if model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+            return None
+        if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not _has_image_processor(path):
+            return None
+        return transformers.AutoModelForImageTextToText
+
+    def _setup_images(self, model: torch.nn.Module) -> None:
+        """Find the image processor and the placeholder id; set `supports_images` when the model is one
+        this engine serves images for (else say why not)."""
+        from transformers import AutoImageProcessor, AutoProcessor
+
+        path = Path(self.model_path)
+        if not callable(getattr(getattr(model, "model", None), "get_rope_index", None)):
+            # Only the Qwen-VL family (M-RoPE positions from `get_rope_index`) is verified on this engine.
+            self.images_unsupported_reason = (f"the hf engine takes images for Qwen-VL-family models only for now "
+                                              f"(this is {model.config.model_type!r})")
+            return
+        if not _has_image_processor(path):
+            self.images_unsupported_reason = ("the served model's folder has no image processor "
+                                              "(preprocessor_config.json)")
+            return
+        processor = None
+        try:
+            processor = AutoProcessor.from_pretrained(self.model_path)
+        except Exception as e:  # e.g. Qwen2-VL's processor: its video part needs torchvision; images do not
+            log.info("AutoProcessor unavailable for %s (%s: %s); using AutoImageProcessor", self.model_path,
+                     type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else "")
+        image_processor = getattr(processor, "image_processor", None)
+        if image_processor is None and processor is not None and not hasattr(processor, "tokenizer"):
+            image_processor = processor  # AutoProcessor gave the image processor itself
+        if image_processor is None:
+            try:
+                image_processor = AutoImageProcessor.from_pretrained(self.model_path)
+            except Exception as e:
+                self.images_unsupported_reason = f"the served model's image processor could not be loaded ({e})"
+                log.warning("images disabled for %s: %s", self.model_path, self.images_unsupported_reason)
+                return
+        token_id = getattr(model.config, "image_token_id", None)
+        if token_id is None or not getattr(image_processor, "merge_size", None):
+            self.images_unsupported_reason = ("the served model names no image token (config.image_token_id) or "
+                                              "its image processor no merge_size")
+            return
+        if self.tokenizer.chat_template is None:  # a template shipped for the processor only
+            template = getattr(processor, "chat_template", None)
+            if template is None and (path / "chat_template.jinja").exists():
+                template = (path / "chat_template.jinja").read_text()
+            if template is None and (path / "chat_template.json").exists():
+                template = json.loads((path / "chat_template.json").read_text()).get("chat_template")
+            self.tokenizer.chat_template = template
+        self._image_processor, self._merge_size = image_processor, int(image_processor.merge_size)
+        self.image_token_id = int(token_id)
+        self.supports_images = True
+        self.images_unsupported_reason = ""
+
+    def _image_inputs(self, data: Any, index: int) -> tuple[list[int], dict[str, torch.Tensor]]:
+        """One image's placeholder expansion and pixel inputs (cached by content)."""
+        from PIL import Image
+
+        key = hashlib.sha256(data).hexdigest() if isinstance(data, (bytes, bytearray)) else None
+        if key is not None:
+            with self._image_lock:
+                hit = self._image_cache.get(key)
+                if hit is not None:
+                    self._image_cache.move_to_end(key)
+                    return hit
+        try:
+            if isinstance(data, (bytes, bytearray)):
+                with Image.open(io.BytesIO(data)) as im:
+                    img = im.convert("RGB")  # decodes the first frame (GIF: the first)
+            else:
+                img = data.convert("RGB")
+        except Exception as e:
+            raise ImageInputError(f"the image could not be decoded ({type(e).__name__})", index) from None
+        inputs = self._image_processor(images=[img], return_tensors="pt")
+        tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        # As Qwen-VL processors expand `<|image_pad|>`: one placeholder per merged patch.
+        n = int(tensors["image_grid_thw"][0].prod()) // self._merge_size ** 2
+        out = ([self.image_token_id] * n, tensors)
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        if key is not None and size <= IMAGE_CACHE_BYTES // 4:
+            with self._image_lock:
+                if key not in self._image_cache:
+                    self._image_cache[key] = out
+                    self._image_cache_bytes += size
+                while self._image_cache_bytes > IMAGE_CACHE_BYTES:
+                    _, (_, old) = self._image_cache.popitem(last=False)
+                    self._image_cache_bytes -= sum(t.numel() * t.element_size() for t in old.values())
+        return out
+
+    def prepare_images(self, prompt_ids: list[int], images: list[Any]) -> tuple[list[int], dict[str, torch.Tensor]]:
+        """`prompt_ids` with each image placeholder expanded, and the pixel inputs for
+        `GenerationRequest.multimodal` (see `engines.base`). Blocking: run it off the event loop."""
+        if not self.supports_images:
+            raise ValueError(f"images are not supported: {self.images_unsupported_reason}")
+        n = prompt_ids.count(self.image_token_id)
+        if n != len(images):
+            raise ValueError(f"the chat template rendered {n} image placeholder(s) for {len(images)} image(s)")
+        per = [self._image_inputs(img, i) for i, img in enumerate(images)]
+        ids: list[int] = []
+        k = 0
+        for t in prompt_ids:
+            if t == self.image_token_id:
+                ids.extend(per[k][0])
+                k += 1
+            else:
+                ids.append(t)
+        mm = {key: torch.cat([p[1][key] for p in per], dim=0) for key in per[0][1]} if per else {}
+        return ids, mm
+
     # -- protocol --------------------------------------------------------
     @property
     def policy_version(self) -> int:
@@ -191,6 +357,8 @@ class HFEngine:
             raise RuntimeError("engine is not started")
         if len(request.prompt_ids) == 0:
             raise ValueError("empty prompt")
+        if request.multimodal and not self.supports_images:
+            raise ValueError(f"images are not supported: {self.images_unsupported_reason}")
         loop = asyncio.get_running_loop()
         p = request.params
         gen = None
@@ -266,7 +434,10 @@ class HFEngine:
     # -- weights -----------------------------------------------------------
     def _prepare_model(self, weights: Mapping[str, Any] | str | Path) -> torch.nn.Module:
         if isinstance(weights, (str, Path)):
-            weights = load_state_dict_from_dir(weights)
+            if self._vision:  # checkpoint names differ from module names: let transformers map them
+                weights = self._model_cls.from_pretrained(str(weights), dtype=self.dtype).state_dict()
+            else:
+                weights = load_state_dict_from_dir(weights)
         spare, self._spare = self._spare, None
         if spare is None:
             spare = copy.deepcopy(self._current.model)
@@ -360,9 +531,9 @@ class HFEngine:
         return True
 
     def _forward(self, model: torch.nn.Module, input_ids: torch.Tensor, mask: torch.Tensor,
-                 positions: torch.Tensor, cache: Any) -> torch.Tensor:
+                 positions: torch.Tensor, cache: Any, extra: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True)
+                    past_key_values=cache, use_cache=True, **(extra or {}))
         return out.logits[:, -1, :].float()  # (B, V)
 
     def _prefill(self, c: _Cohort, rows: list[_Row]) -> None:
@@ -377,13 +548,37 @@ class HFEngine:
             ids[i, L - n:] = torch.tensor(r.req.prompt_ids, dtype=torch.long)
             mask[i, L - n:] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
+        extra = self._pixel_inputs(c.model, rows, ids, mask)
+        if extra is not None and "position_ids" in extra:
+            positions = extra.pop("position_ids")
         cache = DynamicCache(config=c.model.config)
         self.prefills += 1
-        logits = self._forward(c.model, ids.to(self.device), mask.to(self.device), positions.to(self.device), cache)
+        logits = self._forward(c.model, ids.to(self.device), mask.to(self.device), positions.to(self.device), cache,
+                               extra)
         for i, r in enumerate(rows):
             r.n_real = lens[i]
         self._merge(c, rows, cache, mask)
         self._sample_and_emit(c, rows, logits)
+
+    def _pixel_inputs(self, model: torch.nn.Module, rows: list[_Row], ids: torch.Tensor,
+                      mask: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """The prefill's pixel inputs (the rows' in row order: the model fills placeholders in that order)
+        and its (3, B, L) M-RoPE positions; sets each row's `pos_delta`. None without images."""
+        mm = [r.req.multimodal for r in rows if r.req.multimodal]
+        if not mm:
+            return None
+        extra: dict[str, torch.Tensor] = {}
+        for key in mm[0]:
+            t = torch.cat([m[key] for m in mm], dim=0)
+            extra[key] = (t.to(self.dtype) if t.is_floating_point() else t).to(self.device)
+        # M-RoPE: text rows count 1, 2, 3...; an image's tokens take its grid's positions (fewer).
+        kinds = (ids == self.image_token_id).to(torch.int32)
+        pos, deltas = model.model.get_rope_index(ids, mm_token_type_ids=kinds,
+                                                 image_grid_thw=extra["image_grid_thw"].cpu(), attention_mask=mask)
+        for i, r in enumerate(rows):
+            r.pos_delta = int(deltas[i])
+        extra["position_ids"] = pos  # (3, B, L)
+        return extra
 
     def _merge(self, c: _Cohort, rows: list[_Row], cache: Any, mask: torch.Tensor) -> None:
         if not c.rows:
@@ -407,7 +602,7 @@ class HFEngine:
 
     def _decode(self, c: _Cohort) -> None:
         ids = torch.tensor([[r.next_token] for r in c.rows], dtype=torch.long)  # (B, 1)
-        positions = torch.tensor([[r.n_real] for r in c.rows], dtype=torch.long)  # (B, 1)
+        positions = torch.tensor([[r.n_real + r.pos_delta] for r in c.rows], dtype=torch.long)  # (B, 1)
         c.mask = torch.cat([c.mask, torch.ones((len(c.rows), 1), dtype=torch.long)], dim=1)  # (B, L+1)
         logits = self._forward(c.model, ids.to(self.device), c.mask.to(self.device), positions.to(self.device),
                                c.cache)

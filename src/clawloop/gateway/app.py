@@ -56,7 +56,8 @@ from clawloop.gateway.constraints import build_constraint
 from clawloop.gateway.dashboard import mount_dashboard
 from clawloop.gateway.metrics import Metrics
 from clawloop.gateway.protocol import APIError, ChatRequest, parse_chat_request, parse_json_body
-from clawloop.gateway.render import Detokenizer, TextStream, TokenPieces, ToolCallStream, renderer_for
+from clawloop.gateway.render import (Detokenizer, TextStream, TokenPieces, ToolCallStream, content_chars,
+                                     expand_images, image_policy, renderer_for)
 from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
 
 log = logging.getLogger(__name__)
@@ -184,13 +185,15 @@ class Gateway:
             self._eos.add(self.tok.eos_token_id)
         self.renderer = renderer_for(self.tok)
         self.pieces = TokenPieces(self.tok)
+        self.images = image_policy(engine)
+        """True when the engine takes image parts, else why they are refused."""
         # Keys are compared as SHA-256 digests, all of them every time: no timing tells which one was close.
         self._keys = [(tenant, hashlib.sha256(key.encode()).digest())
                       for tenant, key in api_key_tenants(list(cfg.serve.api_keys))]
         self.slots = _Slots(cfg.serve.max_concurrent_generations, cfg.serve.max_queued_requests)
         # What this Capture's begin() takes beyond the basics (it grows: tenant, prompt ids, tools).
-        self._begin_extras = (set(inspect.signature(self.capture.begin).parameters) & {"tenant", "prompt_ids", "tools"}
-                              if self.capture is not None else set())
+        self._begin_extras = (set(inspect.signature(self.capture.begin).parameters)
+                              & {"tenant", "prompt_ids", "tools", "images"} if self.capture is not None else set())
 
     def all_stats(self) -> dict[str, float]:
         out: dict[str, float] = {"gateway/inflight": float(self.inflight), "gateway/requests": float(self.requests),
@@ -253,7 +256,7 @@ class Gateway:
 
     async def render(self, req: ChatRequest, use_tools: bool, max_len: int) -> list[int]:
         tools = req.tools if use_tools else None
-        chars = sum(len(m.get("content") or "") for m in req.messages)
+        chars = sum(content_chars(m.get("content")) for m in req.messages)
         chars += sum(len(c["function"]["arguments"]) for m in req.messages for c in m.get("tool_calls", ()))
         if tools:
             chars += len(json.dumps(tools))
@@ -287,10 +290,11 @@ class Gateway:
                            code="capture_overloaded", headers={"Retry-After": "2"})
 
     def begin_capture(self, sid: str | None, turn_type: str, messages: list[dict[str, Any]], done: bool, *,
-                      tenant: str, prompt_ids: list[int], tools: list[dict[str, Any]] | None) -> TurnSlot | None:
+                      tenant: str, prompt_ids: list[int], tools: list[dict[str, Any]] | None,
+                      images: list[Any] | None = None) -> TurnSlot | None:
         if self.capture is None:
             return None
-        extras = {"tenant": tenant, "prompt_ids": prompt_ids, "tools": tools}
+        extras = {"tenant": tenant, "prompt_ids": prompt_ids, "tools": tools, "images": images or None}
         return self.capture.begin(sid, turn_type, messages, done,
                                   **{k: v for k, v in extras.items() if k in self._begin_extras})
 
@@ -311,7 +315,7 @@ class Gateway:
         timeout = self.cfg.serve.request_timeout_s
         deadline = asyncio.get_running_loop().time() + timeout if timeout > 0 else None
         max_len = self.cfg.model.max_model_len
-        req = parse_chat_request(body, max_len)
+        req = parse_chat_request(body, max_len, images=self.images)
         sid, turn_type, done = session if session is not None else self.session_of(request, req, tenant)
         use_tools = bool(req.tools) and req.tool_choice != "none"
         constraint = build_constraint(req, use_tools, self.cfg.serve.constrain_tool_calls)
@@ -321,6 +325,9 @@ class Gateway:
                 raise APIError(400, f"Invalid key in 'logit_bias': token id {bad[0]} is outside the vocabulary "
                                f"(size {vocab}).", param="logit_bias", code="invalid_value")
         prompt_ids = await self.render(req, use_tools, max_len)
+        multimodal = None
+        if req.images:  # placeholders expanded: the ids the engine sees and capture stores
+            prompt_ids, multimodal = await expand_images(self.engine, prompt_ids, req.images)
         if len(prompt_ids) >= max_len:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens; your messages "
                            f"use {len(prompt_ids)}.", param="messages", code="context_length_exceeded")
@@ -336,7 +343,7 @@ class Gateway:
         try:
             slot = (None if req.store is False else  # the client asked that this exchange not be kept
                     self.begin_capture(sid, turn_type, req.messages, done, tenant=tenant, prompt_ids=prompt_ids,
-                                       tools=req.tools if use_tools else None))
+                                       tools=req.tools if use_tools else None, images=req.images))
         except BaseException:
             lease.release()
             raise
@@ -351,6 +358,7 @@ class Gateway:
         ctx = _Ctx(self, req, rid, prompt_ids, choices, params, slot, sid or req.prompt_cache_key, turn_type,
                    use_tools, t0,
                    tenant=tenant, lease=lease, deadline=deadline, start_version=version)
+        ctx.multimodal = multimodal
         if req.stream:
             # The headers leave before the first token: the version they name is the one at acceptance.
             return StreamingResponse(ctx.stream(), media_type="text/event-stream",
@@ -375,6 +383,8 @@ class _Ctx:
         self.created = int(time.time())
         self.model = req.model or gw.cfg.serve.served_model_name
         self.captured = False
+        self.multimodal: Any = None
+        """The engine's pixel inputs for the prompt's images (None: text only)."""
 
     def close(self) -> None:
         """Free the generation slots and the capture slot if nothing else did (idempotent): also
@@ -445,7 +455,7 @@ class _Ctx:
     async def run_choice(self, c: _Choice, on_delta: Callable[..., Any] | None = None) -> None:
         n_before = 0
         agen = self.gw.engine.generate(GenerationRequest(self.prompt_ids, self.params[c.index], self.rid,
-                                                         session_id=self.sid))
+                                                         session_id=self.sid, multimodal=self.multimodal))
         try:
             async for ev in agen:
                 delta = self.on_event(c, ev)

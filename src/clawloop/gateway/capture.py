@@ -47,8 +47,17 @@ them); the last main turn without a next state is then marked final so the
 judge still scores it, and the session's state is freed. A session reused
 after it closed continues its numbering (memory, else the store).
 
-All writes are enqueued on the store's writer thread; nothing here waits on
-the disk. The state is rebuilt from the store on restart.
+Images. A request's image parts are stored as `{"type": "image_url",
+"image_url": {"url": "clawloop-image://<sha256>.<ext>"}}` in its messages, and
+`begin` writes each image's bytes, as the client sent them, once to
+`<data dir>/images/<sha256>.<ext>` (beside the store's file; temp file + rename).
+An agent that resends its earlier screenshots every turn costs one set lookup
+per image after the first time; the token-exact prompt ids (placeholders
+expanded) are stored as for any turn.
+
+All row writes are enqueued on the store's writer thread; nothing here waits on
+the disk but a new image's file write (page cache, no fsync). The state is
+rebuilt from the store on restart.
 """
 
 from __future__ import annotations
@@ -57,11 +66,13 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import time
 import uuid
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
@@ -69,6 +80,8 @@ from clawloop.store import Store
 
 log = logging.getLogger(__name__)
 
+IMAGES_DIR = "images"
+"""Captured images' folder, beside the store's file (the data dir)."""
 INFERRED_PREFIX = "conv-"
 """Session ids capture makes up for header-less conversations: `conv-` + 32 hex digits."""
 
@@ -225,8 +238,15 @@ class TurnSlot:
 
 class Capture:
     def __init__(self, store: Store, idle_timeout_s: float = 600.0, sweep_interval_s: float = 5.0, *,
-                 max_answers: int = 65536, rebuild_sessions: int = 1000, max_closed: int = 100_000):
+                 max_answers: int = 65536, rebuild_sessions: int = 1000, max_closed: int = 100_000,
+                 images_dir: str | Path | None = None):
         self.store = store
+        if images_dir is None and getattr(store, "path", None) is not None:
+            images_dir = Path(store.path).parent / IMAGES_DIR
+        self.images_dir = Path(images_dir) if images_dir is not None else None
+        """Where images are written (None: a store without a folder; images are then not kept)."""
+        self._images_known: set[str] = set()
+        self.images_stored = 0
         self.idle_timeout_s = idle_timeout_s
         self.sweep_interval_s = sweep_interval_s
         self.max_answers = max_answers
@@ -265,11 +285,14 @@ class Capture:
     # -- request path ----------------------------------------------------
     def begin(self, session_id: str | None, turn_type: str, messages: list[dict[str, Any]], done: bool, *,
               prompt_ids: list[int] | None = None, tools: list[dict[str, Any]] | None = None,
-              tenant: str | None = None) -> TurnSlot:
+              tenant: str | None = None, images: list[Any] | None = None) -> TurnSlot:
         """Reserve the turn's index, link the next state it carries (see the module docstring) and
         write its pending row. `session_id=None`: inferred from the history (main) or a one-turn
         session (side). `prompt_ids`/`tools`/`tenant` go into the pending row, so a crash mid-answer
-        keeps the request."""
+        keeps the request. `images` (`protocol.ImageInput`s: `filename`, `data`) are the ones the
+        messages' `clawloop-image://` parts refer to; each is written once (`save_images`)."""
+        if images:
+            self.save_images(images)
         now = time.time()
         main = turn_type == TURN_MAIN
         hasher = entry = None
@@ -318,6 +341,31 @@ class Capture:
                                    finish_reason="pending", policy_version=-1, trainable=False,
                                    request_id=run.key, tenant=tenant or "", created_at=now), run.key)
         return slot
+
+    def save_images(self, images: list[Any]) -> None:
+        """Write each image not written yet to `images_dir/<filename>` (content-addressed: a name is
+        always the same bytes), atomically: a temp file, then a rename."""
+        if self.images_dir is None:
+            return
+        for im in images:
+            name = im.filename
+            if name in self._images_known:
+                continue
+            path = self.images_dir / name
+            if not path.exists():
+                self.images_dir.mkdir(parents=True, exist_ok=True)
+                tmp = self.images_dir / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+                try:
+                    tmp.write_bytes(im.data)
+                    os.replace(tmp, path)
+                except OSError:
+                    log.exception("capture: could not write image %s", path)
+                    tmp.unlink(missing_ok=True)
+                    continue
+                self.images_stored += 1
+            self._images_known.add(name)
+            if len(self._images_known) > 100_000:
+                self._images_known.clear()
 
     def _open(self, sid: str, fresh: bool) -> _Session:
         """State for a session not in memory; a reused id continues its numbering, never overwrites."""
@@ -463,6 +511,7 @@ class Capture:
             "capture/sessions_continued_by_history": float(self.inferred_continued),
             "capture/slots_reaped": float(self.reaped),
             "capture/aborted_at_start": float(self.aborted_at_start),
+            "capture/images_stored": float(self.images_stored),
             "capture/store_pending_writes": float(self.store.pending_writes()),
             **self.store.write_stats(),
         }

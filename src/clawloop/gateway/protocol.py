@@ -9,6 +9,10 @@ extensions) are ignored, wrong values of known fields are not.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import io
 import json
 import re
 from dataclasses import dataclass, field
@@ -31,6 +35,20 @@ UNSUPPORTED = {
 }
 """OpenAI chat parameters clawloop refuses (when set to anything but null) and why."""
 INT64 = (-(2**63), 2**63 - 1)
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+"""Largest image (decoded bytes) an `image_url` part may carry."""
+MAX_IMAGE_PIXELS = 7680 * 4320
+"""Largest image (width x height, read from its header before decoding) an `image_url` part may carry."""
+MAX_IMAGES = 64
+"""Most images one request may carry."""
+IMAGE_FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP",
+                 "image/gif": "GIF"}
+"""Data-URL media types accepted in `image_url` parts, and the PIL format each names."""
+IMAGE_EXT = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp", "GIF": "gif"}
+IMAGE_REF = "clawloop-image://"
+"""Captured messages keep an image part with its data URL replaced by `clawloop-image://<sha256>.<ext>`:
+the file `<data_dir>/images/<sha256>.<ext>` holds the bytes the client sent."""
+TEXT_ONLY = "this model takes text only"
 GREEDY_BELOW = 1e-5
 """Temperatures under this sample greedily (as vLLM does): dividing logits by 1e-300 gives inf, then NaN."""
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
@@ -63,7 +81,11 @@ def bad_value(message: str, param: str | None = None, code: str | None = "invali
 @dataclass
 class ChatRequest:
     messages: list[dict[str, Any]]
-    """Normalised: content is a string (or None), `developer` kept as its own role."""
+    """Normalised: content is a string (or None), `developer` kept as its own role; a user or tool message
+    with images keeps a list of parts: `{"type": "text", "text"}` and `{"type": "image_url", "image_url":
+    {"url": "clawloop-image://<sha256>.<ext>"}}` (the reference `ImageInput.ref`)."""
+    images: list["ImageInput"] = field(default_factory=list)
+    """The images of the messages' image parts, in order of appearance (what the template renders)."""
     model: str = ""
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = "auto"
@@ -129,12 +151,102 @@ def _has_lone_surrogate(obj: Any) -> bool:
     return False
 
 
-def _text_of(content: Any, param: str) -> str:
-    """Content as a string: a string, or a list of text parts joined."""
+@dataclass(eq=False)
+class ImageInput:
+    """One image of a request, from an `image_url` part's data URL: the bytes as sent, checked to be an
+    image of an accepted format and size (its header read; decoding the pixels is the engine's)."""
+
+    data: bytes
+    format: str
+    """PIL's format name: PNG, JPEG, WEBP or GIF."""
+    width: int
+    height: int
+    sha256: str
+    param: str
+    """Where the part was: `messages[i].content[j]`."""
+    detail: str | None = None
+
+    @property
+    def filename(self) -> str:
+        return f"{self.sha256}.{IMAGE_EXT[self.format]}"
+
+    @property
+    def ref(self) -> str:
+        """What captured messages keep instead of the data URL."""
+        return IMAGE_REF + self.filename
+
+
+def parse_image_part(part: dict[str, Any], param: str) -> ImageInput:
+    """An OpenAI `{"type": "image_url", "image_url": {"url": "data:image/png;base64,...", "detail"}}` part
+    as an `ImageInput`; a 400 naming the exact param for anything else (this server fetches no URLs)."""
+    iu = part.get("image_url")
+    if not isinstance(iu, dict):
+        raise bad_value(f"Invalid type for '{param}.image_url': expected an object {{'url': 'data:image/png;base64,"
+                        "...'}}.", param + ".image_url", code="invalid_type" if iu is not None else
+                        "missing_required_parameter")
+    p = param + ".image_url.url"
+    url = iu.get("url")
+    if not isinstance(url, str) or not url:
+        raise bad_value(f"Missing required parameter: '{p}' (a data URL: data:image/png;base64,...).", p,
+                        code="missing_required_parameter" if url is None else "invalid_type")
+    detail = iu.get("detail")
+    if detail is not None and detail not in ("auto", "low", "high"):
+        raise bad_value(f"Invalid value for '{param}.image_url.detail': {detail!r} (auto, low or high).",
+                        param + ".image_url.detail")
+    if url[:5].lower() != "data:":
+        shown = url if len(url) <= 80 else url[:77] + "..."
+        raise bad_value(f"Invalid image URL at '{p}' ({shown!r}): this server does not fetch URLs; send the "
+                           "image inline as a base64 data URL (data:image/png;base64,...).", p, "invalid_image_url")
+    head, sep, payload = url[5:].partition(",")
+    params = [x.strip().lower() for x in head.split(";")]
+    mime = params[0]
+    if not sep or "base64" not in params[1:]:
+        raise bad_value(f"Invalid image URL at '{p}': expected a base64 data URL (data:<type>;base64,<data>).",
+                           p, "invalid_image_url")
+    if mime not in IMAGE_FORMATS:
+        raise bad_value(f"Unsupported image type {mime!r} at '{p}': send image/png, image/jpeg, image/webp or "
+                           "image/gif.", p, "invalid_image_format")
+    if len(payload) > (MAX_IMAGE_BYTES + 2) // 3 * 4 + 64:  # refused before decoding
+        raise bad_value(f"Image too large at '{p}': over {MAX_IMAGE_BYTES} bytes.", p, "image_too_large")
+    try:
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except binascii.Error:  # line breaks or spaces in the payload (MIME-style): accepted
+            data = base64.b64decode("".join(payload.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_value(f"Invalid image at '{p}': the data is not valid base64.", p, "image_parse_error") from None
+    if len(data) > MAX_IMAGE_BYTES:
+        raise bad_value(f"Image too large at '{p}': {len(data)} bytes (limit {MAX_IMAGE_BYTES}).", p,
+                           "image_too_large")
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:  # reads the header only
+            fmt, (w, h) = im.format, im.size
+    except Exception:  # PIL raises many kinds for bytes that are not an image
+        raise bad_value(f"Invalid image at '{p}': the data is not a PNG, JPEG, WebP or GIF image.", p,
+                           "image_parse_error") from None
+    if fmt not in IMAGE_EXT:
+        raise bad_value(f"Unsupported image format {fmt!r} at '{p}': send PNG, JPEG, WebP or GIF.", p,
+                           "invalid_image_format")
+    if w < 1 or h < 1 or w * h > MAX_IMAGE_PIXELS:
+        raise bad_value(f"Image too large at '{p}': {w}x{h} pixels (limit {MAX_IMAGE_PIXELS} pixels).", p,
+                           "image_too_large")
+    return ImageInput(data=data, format=fmt, width=w, height=h, sha256=hashlib.sha256(data).hexdigest(),
+                      param=param, detail=detail)
+
+
+def _text_of(content: Any, param: str, *, images: bool | str = False, role: str = "user",
+             found: list[ImageInput] | None = None) -> str | list[dict[str, Any]]:
+    """Content as a string: a string, or a list of text parts joined. With `images` true, a user or tool
+    message's `image_url` parts are parsed (appended to `found`) and such content stays a list of parts
+    (text parts, and image parts whose URL is the image's `ref`). `images` false or a reason string:
+    image parts are refused with that reason (false: the model takes text only)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
+        parts: list[Any] = []
+        has_image = False
         for j, part in enumerate(content):
             p = f"{param}[{j}]"
             if isinstance(part, str):
@@ -146,10 +258,39 @@ def _text_of(content: Any, param: str) -> str:
                 if not isinstance(part.get("text"), str):
                     raise bad_value(f"Invalid content part at '{p}': 'text' must be a string.", p + ".text")
                 parts.append(part["text"])
+            elif part["type"] == "image_url" and images is True:
+                if role not in ("user", "tool"):
+                    raise bad_value(f"Unsupported content part type 'image_url' at '{p}': images are accepted in "
+                                    "user and tool messages only.", p + ".type", code="unsupported_content")
+                img = parse_image_part(part, p)
+                if found is not None:
+                    if len(found) >= MAX_IMAGES:
+                        raise bad_value(f"Too many images: at most {MAX_IMAGES} per request ('{p}').", p)
+                    found.append(img)
+                iu: dict[str, Any] = {"url": img.ref}
+                if img.detail is not None:
+                    iu["detail"] = img.detail
+                parts.append({"type": "image_url", "image_url": iu})
+                has_image = True
             else:
-                raise bad_value(f"Unsupported content part type {part['type']!r} at '{p}': this model takes text only.",
+                if part["type"] == "image_url":  # refused: `images` is false or says why
+                    why = images if isinstance(images, str) else TEXT_ONLY
+                else:
+                    why = "this model takes text and images only" if images is True else TEXT_ONLY
+                raise bad_value(f"Unsupported content part type {part['type']!r} at '{p}': {why}.",
                            p + ".type", code="unsupported_content")
-        return "".join(parts)
+        if not has_image:
+            return "".join(parts)
+        out: list[dict[str, Any]] = []
+        for x in parts:  # adjacent text joined, as the text-only path joins it all
+            if isinstance(x, str):
+                if out and out[-1]["type"] == "text":
+                    out[-1]["text"] += x
+                else:
+                    out.append({"type": "text", "text": x})
+            else:
+                out.append(x)
+        return [x for x in out if x["type"] != "text" or x["text"]]
     raise bad_value(f"Invalid type for '{param}': expected a string or a list of text parts.", param,
                code="invalid_type")
 
@@ -172,7 +313,11 @@ def _normalize_tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
     return out
 
 
-def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+def normalize_messages(messages: Any, *, images: bool | str = False,
+                       found: list[ImageInput] | None = None) -> list[dict[str, Any]]:
+    """Messages checked and normalised (see `ChatRequest.messages`). `images`: true when the served model
+    takes image parts (their images are appended to `found`), else the reason they are refused (false:
+    the model takes text only)."""
     if messages is None:
         raise bad_value("Missing required parameter: 'messages'.", "messages", code="missing_required_parameter")
     if not isinstance(messages, list):
@@ -201,7 +346,8 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         msg: dict[str, Any] = {"role": role}
         content = m.get("content")
         if role == "assistant":
-            msg["content"] = None if content is None else _text_of(content, p + ".content")
+            msg["content"] = None if content is None else _text_of(content, p + ".content", images=images,
+                                                                   role=role)
             if m.get("tool_calls"):
                 msg["tool_calls"] = _normalize_tool_calls(m["tool_calls"], p + ".tool_calls")
                 owed = {str(c["id"]): i for c in m["tool_calls"] if isinstance(c, dict) and c.get("id")}
@@ -211,7 +357,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
             if content is None:
                 raise bad_value(f"Missing required parameter: '{p}.content'.", p + ".content",
                            code="missing_required_parameter")
-            msg["content"] = _text_of(content, p + ".content")
+            msg["content"] = _text_of(content, p + ".content", images=images, role=role, found=found)
         if role == "tool":
             if m.get("tool_call_id") is not None:
                 msg["tool_call_id"] = str(m["tool_call_id"])
@@ -357,7 +503,8 @@ def parse_sampling(body: dict[str, Any]) -> tuple[float, float, list[str], int |
     return temperature, top_p, list(stops), seed
 
 
-def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
+def parse_chat_request(body: dict[str, Any], max_model_len: int, *, images: bool | str = False) -> ChatRequest:
+    """`images`: true when the served model takes image parts, else why not (false: it takes text only)."""
     for key, why in UNSUPPORTED.items():
         if body.get(key) is not None:
             raise bad_value(f"Unsupported parameter: '{key}': {why}.", key, code="unsupported_parameter")
@@ -365,7 +512,8 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int) -> ChatRequest:
     if modalities is not None and modalities != ["text"]:
         raise bad_value("Unsupported value for 'modalities': this model produces text only (['text']).", "modalities",
                    code="unsupported_parameter")
-    req = ChatRequest(messages=normalize_messages(body.get("messages")))
+    found: list[ImageInput] = []
+    req = ChatRequest(messages=normalize_messages(body.get("messages"), images=images, found=found), images=found)
     model = body.get("model", "")
     if not isinstance(model, str):
         raise bad_value("Invalid type for 'model': expected a string.", "model", code="invalid_type")

@@ -26,6 +26,7 @@ Tool calls use the Qwen/Hermes convention the tiny model is trained on:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -159,6 +160,46 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[di
     """Prompt token ids (see `PromptRenderer.render`); the renderer is built once per tokenizer."""
     return renderer_for(tokenizer).render(messages, tools, continue_final=continue_final,
                                           add_generation_prompt=add_generation_prompt)
+
+
+def content_chars(content: Any) -> int:
+    """Characters of text in a message's content (a string, or parts: a user message with images)."""
+    if isinstance(content, list):
+        return sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+    return len(content or "")
+
+
+# -- images -------------------------------------------------------------------------
+HF_ONLY = "images are supported on the hf engine only for now"
+
+
+def image_policy(engine: Any) -> bool | str:
+    """What `parse_chat_request(images=...)` takes for `engine`: True when it serves a model that takes
+    images, else why image parts are refused."""
+    supported = getattr(engine, "supports_images", None)
+    if supported is None:  # an engine that knows nothing of images (vLLM, for now)
+        return HF_ONLY
+    if supported:
+        return True
+    return getattr(engine, "images_unsupported_reason", None) or "the served model takes text only"
+
+
+async def expand_images(engine: Any, prompt_ids: list[int], images: list[Any]) -> tuple[list[int], Any]:
+    """The rendered prompt with each image placeholder expanded as the model's processor does, and the
+    engine's pixel inputs (`engine.prepare_images`, off the event loop). Problems are 400s: an image the
+    engine cannot decode names its part, a template that did not render one placeholder per image
+    names `messages`."""
+    from clawloop.engines.base import ImageInputError
+    from clawloop.gateway.protocol import APIError
+
+    try:
+        return await asyncio.to_thread(engine.prepare_images, prompt_ids, [im.data for im in images])
+    except ImageInputError as e:
+        p = images[e.index].param + ".image_url.url" if e.index is not None else "messages"
+        raise APIError(400, f"Invalid image at '{p}': {e}.", param=p, code="image_parse_error") from None
+    except ValueError as e:
+        raise APIError(400, f"The images could not be placed in the prompt: {e}.", param="messages",
+                       code="invalid_value") from None
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
