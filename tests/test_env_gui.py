@@ -245,3 +245,12 @@ def test_no_chromium_survives_close(backend):
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [p for p in pids if alive(p)] == []
+
+
+def test_env_check_says_what_is_missing():
+    from conftest import run_cli
+
+    r = run_cli("env", "check", "--track", "gui", "--tasks", "click-button",
+                env={"CLAWLOOP_CHROMIUM": "/nonexistent/chromium"})
+    assert r.returncode != 0
+    assert "env.screenshot_backend: the gui track cannot run here" in r.stderr and "/nonexistent/chromium" in r.stderr

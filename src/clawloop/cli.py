@@ -195,6 +195,12 @@ def cmd_env(argv: list[str]) -> int:
     p.add_argument("--tasks", default="", help="Only these task ids, comma-separated.")
     cfg, own = _config(p, argv[1:], ("track", "tasks"))
     track = _track_of(cfg, own["track"])
+    if track == "gui":
+        from clawloop.envs.gui import missing_requirements
+
+        why = missing_requirements(cfg.env.screenshot_backend)
+        if why:
+            raise ConfigError(f"env.screenshot_backend: the gui track cannot run here: {why}")
     try:
         results = run_check(track, _env_options(cfg), task_ids=[t for t in own["tasks"].split(",") if t] or None,
                             parallel=cfg.env.parallel_envs)
