@@ -302,6 +302,43 @@ class EnvConfig:
 
 
 @dataclass
+class RayConfig:
+    mode: str = opt("", "Run the loops on a Ray cluster: auto (attach to a running one, ray.init(address=\"auto\")), "
+                        "local (start one in this process: loopback, no dashboard); empty: one process, no Ray. "
+                        "Engine replicas count --engine-replicas.", flags=("--ray",), choices=("", "auto", "local"))
+    num_cpus: int = opt(2, "--ray local: CPUs the local cluster offers.", flags=("--ray-num-cpus",))
+    object_store_mb: int = opt(256, "--ray local: object store size, MiB (published weights travel through it).",
+                               flags=("--ray-object-store-mb",))
+    temp_dir: str = opt("", "--ray local: Ray's session folder (default: a fresh folder under /tmp; socket paths "
+                            "must stay short). --ray auto: the --temp-dir the cluster was started with, where its "
+                            "address is found (default /tmp/ray; RAY_ADDRESS wins).", flags=("--ray-temp-dir",))
+    trainer_workers: int = opt(1, "Data-parallel trainer actors (one torch.distributed group: gloo on CPU, nccl "
+                                  "on GPU); 0: the trainer stays in this process.", flags=("--trainer-workers",))
+    judge_workers: int = opt(0, "Judge actors (not implemented yet: must be 0; the judge runs in this process).",
+                             flags=("--judge-workers",))
+    env_resource: str = opt("env", "Custom Ray resource that env-pool actors ask for ({NAME: 1}); --ray local "
+                                   "offers num_cpus of it.", flags=("--env-resource",))
+    engine_num_cpus: float = opt(1.0, "CPUs reserved per engine actor.", flags=("--engine-num-cpus",))
+    engine_num_gpus: float = opt(0.0, "GPUs per engine actor (the hf engine runs on cuda when > 0).",
+                                 flags=("--engine-num-gpus",))
+    trainer_num_cpus: float = opt(1.0, "CPUs reserved per trainer actor.", flags=("--trainer-num-cpus",))
+    trainer_num_gpus: float = opt(0.0, "GPUs per trainer actor (> 0: cuda and nccl).", flags=("--trainer-num-gpus",))
+    placement: str = opt("PACK", "Placement-group strategy of the engine replicas (the trainer group is always "
+                                 "PACK: its all-reduce wants one node).", flags=("--ray-placement",),
+                         choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
+    max_restarts: int = opt(3, "Restarts Ray gives a dead engine actor (it comes back on the current weights); the "
+                               "trainer group restarts from its latest checkpoint this many times.",
+                            flags=("--ray-max-restarts",))
+    token_timeout_s: float = opt(60.0, "Longest an engine actor may stay silent on a request (queueing and prefill "
+                                       "included) before it is treated as hung and the request moves on.")
+    replica_wait_s: float = opt(60.0, "Longest a request waits for an engine actor to come back when none is up, "
+                                      "then 503.")
+    health_interval_s: float = opt(1.0, "How often engine and trainer actors are checked.")
+    step_timeout_s: float = opt(600.0, "Longest one data-parallel train step may take before the group is restarted.")
+    start_timeout_s: float = opt(300.0, "Longest actors may take to come up (model load).")
+
+
+@dataclass
 class Config:
     data_dir: str = opt("./clawloop-data", "Store, checkpoints, logs and the resolved config.",
                         flags=("--data-dir", "--rl-buffer-dir"))
@@ -313,6 +350,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 # Names users of other tools type that we deliberately do not implement.
@@ -320,7 +358,7 @@ REFUSED = {
 }
 
 ENV_FLAG_STRINGS = ("ROLLOUT_ARGS", "OPTIMIZER_ARGS", "LORA_ARGS", "CKPT_ARGS")
-SECTIONS = ("model", "serve", "capture", "judge", "train", "buffer", "env")
+SECTIONS = ("model", "serve", "capture", "judge", "train", "buffer", "env", "ray")
 
 
 @dataclass
@@ -605,6 +643,7 @@ def validate(cfg: Config) -> None:
     need(not e.tools_config or Path(e.tools_config).is_file(), "env.tools_config",
          f"no such file {e.tools_config!r} (TOOLS_CONFIG)")
     need(not e.task_dir or Path(e.task_dir).exists(), "env.task_dir", f"no such file or folder {e.task_dir!r}")
+    validate_ray(cfg, need)
 
 
 def validate_train(t: TrainConfig, need: Any) -> None:
@@ -622,6 +661,31 @@ def validate_train(t: TrainConfig, need: Any) -> None:
     need(t.teacher != "model" or bool(t.teacher_model), "train.teacher_model", "--teacher model needs --teacher-model PATH")
     need(not t.teacher_model or t.teacher == "model", "train.teacher",
          f"--teacher-model is given, but --teacher is {t.teacher!r}; drop one of them")
+
+
+def validate_ray(cfg: Config, need: Any) -> None:
+    """The ray section's rules (checked whatever the mode, so a YAML file is wrong before it is used)."""
+    r = cfg.ray
+    need(r.num_cpus >= 1, "ray.num_cpus", "must be >= 1")
+    need(r.object_store_mb >= 80, "ray.object_store_mb", "must be >= 80 (Ray's smallest object store)")
+    need(r.trainer_workers >= 0, "ray.trainer_workers", "must be >= 0 (0: the trainer stays in this process)")
+    need(r.judge_workers == 0, "ray.judge_workers", "judge actors are not implemented yet; leave it 0")
+    need(bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", r.env_resource)), "ray.env_resource",
+         f"must be a resource name like env, got {r.env_resource!r}")
+    for key in ("engine_num_cpus", "engine_num_gpus", "trainer_num_cpus", "trainer_num_gpus"):
+        need(getattr(r, key) >= 0, f"ray.{key}", "must be >= 0")
+    need(r.max_restarts >= 0, "ray.max_restarts", "must be >= 0")
+    for key in ("token_timeout_s", "replica_wait_s", "health_interval_s", "step_timeout_s", "start_timeout_s"):
+        need(getattr(r, key) > 0, f"ray.{key}", "must be > 0")
+    need(r.trainer_num_gpus == 0 or r.trainer_num_gpus >= 1 or r.trainer_workers <= 1, "ray.trainer_num_gpus",
+         "nccl needs a whole GPU per trainer actor (0, or >= 1)")
+    if r.mode:
+        need(cfg.model.backend == "hf", "ray.mode", f"--ray runs hf engine actors; --backend {cfg.model.backend} "
+             "is not supported with it (vLLM keeps its own replicas: --backend vllm --engine-replicas N)")
+        need(r.mode == "auto" or r.num_cpus >= r.engine_num_cpus, "ray.engine_num_cpus",
+             f"an engine actor asks for {r.engine_num_cpus} CPUs, the local cluster has {r.num_cpus}")
+        need(r.mode == "auto" or r.num_cpus >= r.trainer_num_cpus, "ray.trainer_num_cpus",
+             f"a trainer actor asks for {r.trainer_num_cpus} CPUs, the local cluster has {r.num_cpus}")
 
 
 DEFAULT_TENANT = "default"

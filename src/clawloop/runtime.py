@@ -33,7 +33,31 @@ log = logging.getLogger("clawloop")
 
 def build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, store: Store | None = None):
     """The app with its background loops; returns (app, parts) so tests and
-    benchmarks can reach the engine, store, judge loop and trainer."""
+    benchmarks can reach the engine, store, judge loop and trainer.
+
+    With `--ray` (cfg.ray.mode) the engine is a router over engine actors and the trainer a group of
+    data-parallel actors (`clawloop.distributed`); without it `ray` is never imported."""
+    if cfg.ray.mode and engine is None:
+        ray_rt = _ray_runtime(cfg)
+        try:
+            ray_rt.check_fit(train)
+            return _build_app(cfg, judge=judge, train=train, engine=ray_rt.make_engine(), store=store, ray_rt=ray_rt)
+        except BaseException:
+            ray_rt.close()
+            raise
+    return _build_app(cfg, judge=judge, train=train, engine=engine, store=store)
+
+
+def _ray_runtime(cfg: Config) -> Any:
+    from clawloop.distributed.ray_runtime import RayRuntime
+
+    if cfg.model.threads == 0:
+        cfg.model.threads = 1  # one torch thread per engine actor: actors share the node's cores
+    return RayRuntime(cfg)
+
+
+def _build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, store: Store | None = None,
+               ray_rt: Any = None):
     if train and cfg.model.threads == 0 and engine is None:
         # Small machines: the engine and the trainer get a core each, so training never starves serving.
         cfg.model.threads = 1
@@ -47,10 +71,14 @@ def build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, stor
         from clawloop.judge import attach_judge
 
         attach_judge(cfg, engine, store, parts, stats, background)
-    if train:
+    if train and ray_rt is not None and cfg.ray.trainer_workers > 0:
+        ray_rt.attach_trainer(cfg, engine, store, parts, stats, background)
+    elif train:
         from clawloop.trainer import attach_trainer
 
         attach_trainer(cfg, engine, store, parts, stats, background)
+    if ray_rt is not None:
+        parts["ray"] = ray_rt
     background.append(lambda: export_metrics(cfg, parts))
     if cfg.serve.status and sys.stdout.isatty():
         background.append(lambda: live_status(parts))
@@ -181,6 +209,8 @@ def run(cfg: Config, *, judge: bool, train: bool) -> int:
           f"http://{cfg.serve.host}:{cfg.serve.port}/v1 (policy v{engine.policy_version}); "
           f"data in {cfg.data_dir} (config: {resolved}); judge={'on' if judge else 'off'} "
           f"train={'on' if train else 'off'}", flush=True)
+    if "ray" in parts:
+        print(f"clawloop: {parts['ray'].describe()}", flush=True)
     server = _Server(uvicorn.Config(app, host=cfg.serve.host, port=cfg.serve.port,
                                            log_level="warning" if cfg.log_level != "debug" else "debug",
                                            timeout_graceful_shutdown=30))
@@ -188,4 +218,6 @@ def run(cfg: Config, *, judge: bool, train: bool) -> int:
         server.run()
     finally:
         parts["store"].close()
+        if "ray" in parts:
+            parts["ray"].close()
     return 0

@@ -1,0 +1,11 @@
+"""`clawloop up --ray auto|local`: the loops past one machine, as Ray actors.
+
+    ray_runtime.py    connect (attach or start a loopback cluster), build the roles, close
+    engine_actor.py   EngineActor: one hf engine replica per actor (max_restarts, placement group)
+    router.py         RayEngine: the Engine protocol in the gateway process over the replicas
+    trainer_group.py  DPTrainer / TrainerWorker / TrainerGroup / RayTrainerLoop: data-parallel training
+    weights.py        state dicts as object-store payloads (zero-copy numpy buffers)
+
+Nothing here is imported unless `--ray` is given (or a test imports it): without it clawloop never
+imports `ray`.
+"""

@@ -1,0 +1,145 @@
+"""`clawloop up --ray auto|local`: connect to Ray and build the roles as actors.
+
+    --ray auto    ray.init(address="auto"): attach to the cluster `ray start --head` runs on this node
+                  (or RAY_ADDRESS); clawloop's actors live on it, the gateway, the store (SQLite, the
+                  single source of truth) and the judge stay in this process on the head node.
+    --ray local   start a private single-node cluster in this process: bound to 127.0.0.1, no
+                  dashboard, an object store of --ray-object-store-mb, --ray-num-cpus CPUs and as many
+                  of the --env-resource custom resource, its own session folder (--ray-temp-dir, else
+                  a fresh one under /tmp) so it never meets another cluster on the machine; stopped at exit.
+
+Roles: `--engine-replicas` hf engine actors behind `router.RayEngine` (a placement group of
+{CPU: --engine-num-cpus, GPU: --engine-num-gpus} bundles, --ray-placement), and `--trainer-workers`
+data-parallel trainer actors (`trainer_group`, one PACK placement group). Judge actors and env
+pools on the custom resource are not built yet (`--judge-workers` must be 0; the env resource is
+offered by --ray local so env-pool actors can ask for {env: 1} once they exist).
+
+Every actor needs clawloop importable on its node: the same environment on every node (as with
+`ray start` run from this project's .venv), and for resumes on more than one node a --save-dir
+every node can read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+
+def loopback_only() -> None:
+    """Make a cluster started from this process bind 127.0.0.1 only. Ray binds the machine's address
+    unless it believes clusters are disabled (its Windows/macOS switch, read when `ray` is imported,
+    and inherited by the GCS, raylet and workers through the environment)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def connect(cfg: Any) -> dict[str, Any]:
+    """ray.init for `cfg.ray.mode`; returns what was done (for the startup line and `close`)."""
+    import ray
+
+    r = cfg.ray
+    if ray.is_initialized():
+        return {"mode": r.mode, "started": False, "address": "(already connected)"}
+    env_vars = {"TOKENIZERS_PARALLELISM": "false"}
+    for k in ("HF_HUB_OFFLINE", "CLAWLOOP_CACHE"):
+        if os.environ.get(k):
+            env_vars[k] = os.environ[k]
+    if r.mode == "local":
+        loopback_only()
+        temp = r.temp_dir or tempfile.mkdtemp(prefix="clawloop-ray-", dir="/tmp")
+        ctx = ray.init(num_cpus=r.num_cpus, num_gpus=None, resources={r.env_resource: float(r.num_cpus)},
+                       include_dashboard=False, object_store_memory=r.object_store_mb * 1024 * 1024,
+                       _temp_dir=temp, _node_ip_address="127.0.0.1", namespace="clawloop",
+                       configure_logging=False, log_to_driver=True, runtime_env={"env_vars": env_vars})
+        return {"mode": "local", "started": True, "address": ctx.address_info.get("gcs_address", ""),
+                "temp_dir": temp}
+    # The cluster's address: RAY_ADDRESS, else the `ray_current_cluster` file `ray start` wrote in its
+    # --temp-dir (--ray-temp-dir here; default /tmp/ray). Ray picks up the cluster's auth token
+    # (~/.ray/auth_token) only when it finds the address itself, so "auto" is what is passed; an
+    # explicit RAY_ADDRESS to a token-auth cluster needs RAY_AUTH_MODE=token as well.
+    addr = os.environ.get("RAY_ADDRESS") or _read_address(r.temp_dir or "/tmp/ray")
+    if addr.startswith("127.") or addr.startswith("localhost"):
+        loopback_only()  # a loopback head: this driver's node address is 127.0.0.1 too
+    ctx = ray.init(address="auto", namespace="clawloop", _temp_dir=r.temp_dir or None,
+                   configure_logging=False, log_to_driver=True, runtime_env={"env_vars": env_vars})
+    return {"mode": "auto", "started": False, "address": ctx.address_info.get("gcs_address", "")}
+
+
+def _read_address(temp_dir: str) -> str:
+    try:
+        return (Path(temp_dir) / "ray_current_cluster").read_text().strip()
+    except OSError:
+        return ""
+
+
+class RayRuntime:
+    """The Ray side of `clawloop up --ray`: the connection, the engine router, the trainer group."""
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.info = connect(cfg)
+        self.engine: Any = None
+
+    def check_fit(self, train: bool) -> None:
+        """The actors' reservations against the cluster's total: a local cluster that cannot hold them
+        is a ConfigError naming the flags; an attached one may grow (autoscaler), so a warning."""
+        import ray
+
+        from clawloop.config import ConfigError
+
+        r, m = self.cfg.ray, self.cfg.model
+        workers = r.trainer_workers if train else 0
+        total = ray.cluster_resources()
+        for kind, per_engine, per_trainer in (("CPU", r.engine_num_cpus, r.trainer_num_cpus),
+                                              ("GPU", r.engine_num_gpus, r.trainer_num_gpus)):
+            need = m.engine_replicas * per_engine + workers * per_trainer
+            have = float(total.get(kind, 0.0))
+            if need <= have + 1e-9:
+                continue
+            why = (f"{m.engine_replicas} engine actor(s) x {per_engine:g} {kind} + {workers} trainer actor(s) x "
+                   f"{per_trainer:g} {kind} = {need:g} {kind}, the cluster has {have:g}; lower "
+                   f"--engine-num-{kind.lower()}s / --trainer-num-{kind.lower()}s (fractions are fine) or add nodes")
+            if self.info.get("started"):
+                raise ConfigError(f"ray.{'engine' if workers == 0 else 'trainer'}_num_{kind.lower()}s: {why}")
+            log.warning("ray: %s; the actors wait for room up to --ray-start-timeout-s %.0f s", why,
+                        r.start_timeout_s)
+
+    def make_engine(self) -> Any:
+        from clawloop.distributed.router import RayEngine
+
+        self.engine = RayEngine.from_config(self.cfg)
+        return self.engine
+
+    def attach_trainer(self, cfg: Any, engine: Any, store: Any, parts: dict[str, Any],
+                       stats: list[Callable[[], dict[str, float]]], background: list[Callable[[], Any]]) -> None:
+        from clawloop.distributed.trainer_group import attach_ray_trainer
+
+        attach_ray_trainer(cfg, engine, store, parts, stats, background)
+
+    def describe(self) -> str:
+        import ray
+
+        res = ray.cluster_resources()
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        r = self.cfg.ray
+        return (f"ray {self.info['mode']} cluster at {self.info['address']} ({nodes} node(s), "
+                f"{res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU): {self.cfg.model.engine_replicas} engine "
+                f"actor(s), {r.trainer_workers or 'no'} trainer actor(s)"
+                + ("" if r.trainer_workers else " (trainer in this process)"))
+
+    def close(self) -> None:
+        """Leave the cluster (a local one stops with it). Actors were stopped by their owners."""
+        import ray
+
+        if ray.is_initialized():
+            try:
+                ray.shutdown()
+            except Exception as e:  # never turn a clean exit into a crash
+                log.warning("ray.shutdown: %s", e)
