@@ -230,13 +230,27 @@ def _quiet(up, timeout=180):
 
 
 @_mark(*needs_ray)
-def test_b_feedback_advances_the_served_version_and_health_lists_every_actor(up):
+def test_b_feedback_advances_the_served_version_and_health_lists_every_actor(up, capsys):
+    from clawloop.cli import main as cli
+
     h = _health(up.url)
     assert h["backend"] == "ray" and h["status"] == "ok" and h["policy_version"] == 0
     names = {a["name"]: a for a in h["actors"]}
     assert set(names) == {"engine-0", "trainer-0", "trainer-1"}
     for a in names.values():
         assert a["state"] == "up" and a["node_ip"] == "127.0.0.1" and a["node_id"] and a["pid"]
+    port = up.cfg.serve.port
+    assert names["engine-0"]["ray_name"] == f"clawloop-{port}-engine-0"  # what `ray kill-actor --name` takes
+    assert names["trainer-1"]["ray_name"] == f"clawloop-{port}-trainer-1"
+    assert h["ray"]["mode"] == "local" and h["ray"]["resources"]["CPU"] == 2.0 and len(h["ray"]["nodes"]) == 1
+    # `clawloop status --ray` prints the same: every actor, its node, the cluster's resources
+    capsys.readouterr()
+    assert cli(["status", "--url", up.url, "--ray"]) == 0
+    out = capsys.readouterr().out
+    assert "policy v0" in out and "backend ray" in out and "CPU 2" in out
+    for name in ("engine-0", "trainer-0", "trainer-1"):
+        line = next(x for x in out.splitlines() if x.strip().startswith(name + " "))
+        assert " up " in line and "127.0.0.1" in line, line
     c = _client(up.url)
     for i in range(3):
         _converse(c, f"fb{i}", ["just the number, please", "Thanks! What is 3+4?"])
@@ -314,6 +328,15 @@ def test_c_killed_engine_actor_comes_back_and_no_request_fails_or_goes_uncapture
         turns.append(t)
     # token-exact: every captured logprob (those continued on the restarted replica too) is what the
     # served weights give that token in that context
+    worst = _logprob_error(up, turns)
+    assert worst < 1e-3, f"captured logprobs differ from the served weights' by {worst}"
+    h = _health(up.url)
+    assert h["status"] == "ok" and h["replicas"][0]["restarts"] == 1
+
+
+def _logprob_error(up, turns):
+    """Largest |captured - recomputed| logprob of `turns` under the weights served now."""
+    import ray
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -321,7 +344,8 @@ def test_c_killed_engine_actor_comes_back_and_no_request_fails_or_goes_uncapture
     from clawloop.trainer.core import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(str(up.cfg.model.path), dtype=torch.float32).eval()
-    model.load_state_dict(unpack(ray.get(eng.weights_ref)), strict=False)
+    if up.engine.weights_ref is not None:
+        model.load_state_dict(unpack(ray.get(up.engine.weights_ref)), strict=False)
     worst = 0.0
     with torch.no_grad():
         for t in turns:
@@ -329,9 +353,43 @@ def test_c_killed_engine_actor_comes_back_and_no_request_fails_or_goes_uncapture
             lp, _ = token_logprobs(model, ids, torch.ones_like(ids))
             want = lp[0, len(t.prompt_ids) - 1:]
             worst = max(worst, float((want - torch.tensor(t.response_logprobs)).abs().max()))
-    assert worst < 1e-3, f"captured logprobs differ from the served weights' by {worst}"
-    h = _health(up.url)
-    assert h["status"] == "ok" and h["replicas"][0]["restarts"] == 1
+    return worst
+
+
+@_mark(*needs_ray)
+def test_c2_an_engine_killed_mid_response_the_stream_continues_on_the_restarted_one_token_exact(up):
+    """The kill lands after tokens were streamed: the client's stream pauses, then goes on from the
+    prompt plus what it already got (on the restarted replica, same weights), to the full length."""
+    import ray
+
+    eng = up.engine
+    served = _quiet(up)
+    resumed, restarts = eng.stats_.resumed, eng.replicas[0].restarts
+    c = _client(up.url)
+    ban = {str(t): -100 for t in eng.eos_token_ids}  # no early end: the response runs to max_tokens
+    stream = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Tell me a long story."}],
+                                       max_tokens=160, stream=True, logit_bias=ban,
+                                       extra_headers={"X-Session-Id": "midkill", "X-Session-Done": "1"})
+    text, chunks, killed, finish = [], 0, False, None
+    for ch in stream:
+        if not ch.choices:
+            continue
+        text.append(ch.choices[0].delta.content or "")
+        chunks += 1
+        finish = ch.choices[0].finish_reason or finish
+        if chunks == 8 and not killed:
+            ray.kill(eng.replicas[0].handle, no_restart=False)
+            killed = True
+    assert killed and finish == "length"
+    assert eng.stats_.resumed == resumed + 1, "the response was not continued mid-way"
+    _wait(lambda: eng.replicas[0].restarts == restarts + 1 and eng.replicas[0].state == "up", 60, eng.health())
+    up.store.flush()
+    (t,) = up.store.session_turns("midkill")
+    assert len(t.response_ids) == 160 == len(t.response_logprobs) and t.finish_reason == "length"
+    assert set(t.response_versions or [t.policy_version]) == {served}
+    assert up.engine.tokenizer.decode(t.response_ids) == "".join(text)
+    worst = _logprob_error(up, [t])
+    assert worst < 1e-3, f"the continued response's logprobs differ from the served weights' by {worst}"
 
 
 @_mark(*needs_ray)
@@ -379,3 +437,32 @@ def test_d_killed_trainer_actor_group_resumes_from_checkpoint_and_versions_never
     assert seen == sorted(seen), f"the served version went backwards: {seen}"
     trainers = [a for a in _health(up.url)["actors"] if a["role"] == "trainer"]
     assert [a["state"] for a in trainers] == ["up", "up"] and all(a["restarts"] == 1 for a in trainers)
+
+
+@_mark(*needs_ray)
+def test_e_judge_actors_serve_a_frozen_judge_and_are_listed(cluster, up, random_model_dir, tmp_path):
+    """`--judge frozen --judge-workers 1`: the judge's calls go to a judge actor, which nothing publishes
+    to; /health lists it beside the engine actor. (Runs beside `up` on the same 2-CPU cluster.)"""
+    from clawloop.runtime import build_app
+
+    cfg = make_cfg(random_model_dir, tmp_path / "data", ray__mode="local", ray__name="judgetest",
+                   ray__engine_num_cpus="0.2",
+                   ray__judge_num_cpus="0.2", ray__judge_workers="1", ray__trainer_workers="0",
+                   judge__kind="frozen", judge__poll_interval_s="0.1", judge__majority_vote_n="1",
+                   judge__max_tokens="8", ray__start_timeout_s="120")
+    app, parts = build_app(cfg, judge=True, train=False)
+    server = ServerThread(app).start(timeout=60)
+    try:
+        c = _client(server.url)
+        _converse(c, "judged", ["just the number, please"])
+        backend = parts["judge"].judge.backend
+        _wait(lambda: backend.replies >= 1, 120, f"the judge actor answered nothing: {parts['judge'].stats()}")
+        h = _health(server.url)
+        roles = {a["name"]: a for a in h["actors"]}
+        assert set(roles) == {"engine-0", "judge-0"} and roles["judge-0"]["role"] == "judge"
+        assert roles["judge-0"]["state"] == "up" and roles["judge-0"]["pid"] != roles["engine-0"]["pid"]
+        assert backend.engine is not parts["engine"] and backend.engine.policy_version == 0
+        assert backend.engine.replicas[0].requests >= 1 and backend.engine.stats_.publishes == 0
+    finally:
+        server.stop()
+        parts["store"].close()

@@ -14,6 +14,7 @@
     clawloop env check     run every agent task's reference solution and a do-nothing agent
     clawloop envpool       serve an agent track's environment pool (lease API) over HTTP
     clawloop swe make-tasks  inject bugs into the SWE track's repos, write SWE-bench instances
+    clawloop status        a running clawloop's policy version, engines and actors (`--ray`: nodes too)
 
 Every command that reads config takes the same flags (see `clawloop up --help`).
 """
@@ -29,7 +30,7 @@ from clawloop.config import ConfigError, add_config_arguments, load_config
 
 TRACK_NAMES = ("toolcall", "terminal", "swe", "gui")
 COMMANDS = ("up", "serve", "judge", "train", "buffer", "export", "import", "tiny-model", "judge-eval", "demo", "eval", "env",
-            "envpool", "swe")
+            "envpool", "swe", "status")
 
 
 def _parser(cmd: str, description: str) -> argparse.ArgumentParser:
@@ -248,6 +249,55 @@ def cmd_swe(argv: list[str]) -> int:
     return make_tasks(argv[1:]) or 0
 
 
+def cmd_status(argv: list[str]) -> int:
+    import json
+
+    import httpx
+
+    p = argparse.ArgumentParser(prog="clawloop status", allow_abbrev=False,
+                                description="Ask a running clawloop (its /health) what it serves and which actors "
+                                            "it runs, with their state, node and restarts.")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="The clawloop to ask (default %(default)s).")
+    p.add_argument("--ray", action="store_true", help="Also list the Ray cluster's nodes and their resources.")
+    p.add_argument("--json", action="store_true", help="Print /health's JSON as it is.")
+    a = p.parse_args(argv)
+    try:
+        r = httpx.get(a.url.rstrip("/") + "/health", timeout=15)
+        h = r.json()
+    except (httpx.HTTPError, ValueError) as e:
+        print(f"clawloop status: no clawloop answering at {a.url}: {e}", file=sys.stderr)
+        return 1
+    if a.json:
+        print(json.dumps(h, indent=2))
+        return 0 if h.get("status") == "ok" else 1
+    print(f"{a.url}: {h.get('status')}  policy v{h.get('policy_version')}  backend {h.get('backend', 'hf')}  "
+          f"inflight {h.get('inflight', 0)}")
+    actors = h.get("actors") or h.get("replicas") or []
+    if actors:
+        cols = ("name", "role", "state", "node_ip", "pid", "policy_version", "restarts", "ray_name", "last_error")
+        rows = [[str(x.get(c) if x.get(c) is not None else "-") for c in cols] for x in actors]
+        widths = [max(len(c), *(len(row[i][:60]) for row in rows)) for i, c in enumerate(cols)]
+        for row in [list(cols)] + rows:
+            print("  " + "  ".join(v[:60].ljust(w) for v, w in zip(row, widths)).rstrip())
+    cluster = h.get("ray")
+    if a.ray:
+        if not cluster:
+            print("  (not running on Ray: start it with --ray auto|local)")
+        elif "error" in cluster:
+            print(f"  ray: {cluster['error']}")
+        else:
+            print(f"ray {cluster.get('mode')} cluster at {cluster.get('address')}")
+            for n in cluster.get("nodes", []):
+                res = ", ".join(f"{k} {v:g}" for k, v in sorted(n.get("resources", {}).items())
+                                if not k.startswith("node:") and not k.endswith("memory") and "bundle_group" not in k)
+                print(f"  node {n.get('node_ip')} {n.get('node_id', '')[:12]} {'alive' if n.get('alive') else 'dead'}: "
+                      f"{res}")
+            avail = cluster.get("available", {})
+            print("  available: " + ", ".join(f"{k} {avail.get(k, 0):g}" for k in ("CPU", "GPU") if k in
+                                              cluster.get("resources", {})))
+    return 0 if h.get("status") == "ok" else 1
+
+
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "up": lambda a: cmd_serve(a, full=True),
     "serve": lambda a: cmd_serve(a, full=False),
@@ -263,6 +313,7 @@ HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "env": cmd_env,
     "envpool": cmd_envpool,
     "swe": cmd_swe,
+    "status": cmd_status,
 }
 
 

@@ -312,16 +312,33 @@ class RayConfig:
     temp_dir: str = opt("", "--ray local: Ray's session folder (default: a fresh folder under /tmp; socket paths "
                             "must stay short). --ray auto: the --temp-dir the cluster was started with, where its "
                             "address is found (default /tmp/ray; RAY_ADDRESS wins).", flags=("--ray-temp-dir",))
+    name: str = opt("", "Prefix of this clawloop's Ray actor names (`ray kill-actor --namespace clawloop --name "
+                        "NAME-engine-0`); default clawloop-PORT. Two clawloops on one cluster need different ones.",
+                    flags=("--ray-name",))
     trainer_workers: int = opt(1, "Data-parallel trainer actors (one torch.distributed group: gloo on CPU, nccl "
                                   "on GPU); 0: the trainer stays in this process.", flags=("--trainer-workers",))
-    judge_workers: int = opt(0, "Judge actors (not implemented yet: must be 0; the judge runs in this process).",
+    judge_workers: int = opt(0, "Judge engine actors for --judge frozen (the --judge-model folder, else the base "
+                                "model), never weight-synced; the judge loop stays in this process and spreads its "
+                                "calls over them. 0: a frozen judge runs in this process.",
                              flags=("--judge-workers",))
+    judge_num_cpus: float = opt(-1.0, "CPUs reserved per judge actor (-1: as --engine-num-cpus's auto rule).",
+                                flags=("--judge-num-cpus",))
+    judge_num_gpus: float = opt(0.0, "GPUs per judge actor.", flags=("--judge-num-gpus",))
+    env_workers: int = opt(0, "Env-pool actors `clawloop buffer --ray` starts for its track (ENV_TYPE), each on a "
+                              "node offering the --env-resource custom resource; generators spread their "
+                              "environments over them. 0: environments run in the generator processes.",
+                           flags=("--env-workers",))
     env_resource: str = opt("env", "Custom Ray resource that env-pool actors ask for ({NAME: 1}); --ray local "
                                    "offers num_cpus of it.", flags=("--env-resource",))
-    engine_num_cpus: float = opt(1.0, "CPUs reserved per engine actor.", flags=("--engine-num-cpus",))
+    env_num_cpus: float = opt(1.0, "CPUs reserved per env-pool actor.", flags=("--env-num-cpus",))
+    engine_num_cpus: float = opt(-1.0, "CPUs reserved per engine actor. -1 (auto): 1 when the cluster has a CPU "
+                                       "for every actor clawloop starts, else the cluster's CPUs shared evenly "
+                                       "among them (a reservation, not a thread count: --threads sets those).",
+                                 flags=("--engine-num-cpus",))
     engine_num_gpus: float = opt(0.0, "GPUs per engine actor (the hf engine runs on cuda when > 0).",
                                  flags=("--engine-num-gpus",))
-    trainer_num_cpus: float = opt(1.0, "CPUs reserved per trainer actor.", flags=("--trainer-num-cpus",))
+    trainer_num_cpus: float = opt(-1.0, "CPUs reserved per trainer actor (-1: auto, as --engine-num-cpus).",
+                                  flags=("--trainer-num-cpus",))
     trainer_num_gpus: float = opt(0.0, "GPUs per trainer actor (> 0: cuda and nccl).", flags=("--trainer-num-gpus",))
     placement: str = opt("PACK", "Placement-group strategy of the engine replicas (the trainer group is always "
                                  "PACK: its all-reduce wants one node).", flags=("--ray-placement",),
@@ -669,12 +686,18 @@ def validate_ray(cfg: Config, need: Any) -> None:
     need(r.num_cpus >= 1, "ray.num_cpus", "must be >= 1")
     need(r.object_store_mb >= 80, "ray.object_store_mb", "must be >= 80 (Ray's smallest object store)")
     need(r.trainer_workers >= 0, "ray.trainer_workers", "must be >= 0 (0: the trainer stays in this process)")
-    need(r.judge_workers == 0, "ray.judge_workers", "judge actors are not implemented yet; leave it 0")
+    need(r.judge_workers >= 0, "ray.judge_workers", "must be >= 0")
+    need(r.env_workers >= 0, "ray.env_workers", "must be >= 0")
+    need(r.env_num_cpus >= 0, "ray.env_num_cpus", "must be >= 0")
     need(bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", r.env_resource)), "ray.env_resource",
          f"must be a resource name like env, got {r.env_resource!r}")
-    for key in ("engine_num_cpus", "engine_num_gpus", "trainer_num_cpus", "trainer_num_gpus"):
+    for key in ("engine_num_cpus", "trainer_num_cpus", "judge_num_cpus"):
+        need(getattr(r, key) >= 0 or getattr(r, key) == -1, f"ray.{key}", "must be >= 0, or -1 (auto)")
+    for key in ("engine_num_gpus", "trainer_num_gpus", "judge_num_gpus"):
         need(getattr(r, key) >= 0, f"ray.{key}", "must be >= 0")
     need(r.max_restarts >= 0, "ray.max_restarts", "must be >= 0")
+    need(not r.name or bool(re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", r.name)), "ray.name",
+         f"letters, digits, '_', '.', '-' (at most 64), got {r.name!r}")
     for key in ("token_timeout_s", "replica_wait_s", "health_interval_s", "step_timeout_s", "start_timeout_s"):
         need(getattr(r, key) > 0, f"ray.{key}", "must be > 0")
     need(r.trainer_num_gpus == 0 or r.trainer_num_gpus >= 1 or r.trainer_workers <= 1, "ray.trainer_num_gpus",
@@ -686,6 +709,13 @@ def validate_ray(cfg: Config, need: Any) -> None:
              f"an engine actor asks for {r.engine_num_cpus} CPUs, the local cluster has {r.num_cpus}")
         need(r.mode == "auto" or r.num_cpus >= r.trainer_num_cpus, "ray.trainer_num_cpus",
              f"a trainer actor asks for {r.trainer_num_cpus} CPUs, the local cluster has {r.num_cpus}")
+        need(r.mode == "auto" or r.num_cpus >= r.judge_num_cpus, "ray.judge_num_cpus",
+             f"a judge actor asks for {r.judge_num_cpus} CPUs, the local cluster has {r.num_cpus}")
+    need(r.judge_workers == 0 or bool(r.mode), "ray.judge_workers", "judge actors run on Ray: add --ray auto|local")
+    need(r.judge_workers == 0 or cfg.judge.kind == "frozen", "ray.judge_workers",
+         f"judge actors serve a frozen judge model (--judge frozen [--judge-model DIR]); --judge is "
+         f"{cfg.judge.kind!r}")
+    need(r.env_workers == 0 or bool(r.mode), "ray.env_workers", "env-pool actors run on Ray: add --ray auto|local")
 
 
 DEFAULT_TENANT = "default"

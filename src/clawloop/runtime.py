@@ -40,7 +40,7 @@ def build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, stor
     if cfg.ray.mode and engine is None:
         ray_rt = _ray_runtime(cfg)
         try:
-            ray_rt.check_fit(train)
+            ray_rt.check_fit(judge=judge and cfg.judge.kind == "frozen", train=train)
             return _build_app(cfg, judge=judge, train=train, engine=ray_rt.make_engine(), store=store, ray_rt=ray_rt)
         except BaseException:
             ray_rt.close()
@@ -79,6 +79,7 @@ def _build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, sto
         attach_trainer(cfg, engine, store, parts, stats, background)
     if ray_rt is not None:
         parts["ray"] = ray_rt
+        ray_rt.register(engine, parts)
     background.append(lambda: export_metrics(cfg, parts))
     if cfg.serve.status and sys.stdout.isatty():
         background.append(lambda: live_status(parts))

@@ -87,29 +87,78 @@ class RayRuntime:
         self.info = connect(cfg)
         self.engine: Any = None
 
-    def check_fit(self, train: bool) -> None:
-        """The actors' reservations against the cluster's total: a local cluster that cannot hold them
-        is a ConfigError naming the flags; an attached one may grow (autoscaler), so a warning."""
+    def roles(self, *, judge: bool, train: bool) -> list[tuple[str, int, str]]:
+        """(role, actors, config key prefix) of what this process starts."""
+        r, m = self.cfg.ray, self.cfg.model
+        out = [("engine", m.engine_replicas, "engine")]
+        if train and r.trainer_workers:
+            out.append(("trainer", r.trainer_workers, "trainer"))
+        if judge and r.judge_workers:
+            out.append(("judge", r.judge_workers, "judge"))
+        return out
+
+    def check_fit(self, *, judge: bool, train: bool) -> None:
+        """Resolve the CPU reservations left on auto (-1), then check every reservation against the
+        cluster's total: a local cluster that cannot hold them is a ConfigError naming the flags; an
+        attached one may grow (autoscaler), so a warning.
+
+        Auto: 1 CPU per actor when the cluster has one free for each (after the fixed reservations),
+        else the free CPUs shared evenly (`ray start --head --num-cpus 2` holds an engine actor and two
+        trainer actors at 2/3 CPU each). A reservation only places actors; threads are set apart."""
         import ray
 
         from clawloop.config import ConfigError
 
-        r, m = self.cfg.ray, self.cfg.model
-        workers = r.trainer_workers if train else 0
+        r = self.cfg.ray
+        roles = self.roles(judge=judge, train=train)
         total = ray.cluster_resources()
-        for kind, per_engine, per_trainer in (("CPU", r.engine_num_cpus, r.trainer_num_cpus),
-                                              ("GPU", r.engine_num_gpus, r.trainer_num_gpus)):
-            need = m.engine_replicas * per_engine + workers * per_trainer
+        cpus = min(float(total.get("CPU", 0.0)), float(ray.available_resources().get("CPU", 0.0)))
+        autos = [(role, n) for role, n, key in roles if getattr(r, f"{key}_num_cpus") < 0]
+        fixed = sum(n * getattr(r, f"{key}_num_cpus") for role, n, key in roles if getattr(r, f"{key}_num_cpus") >= 0)
+        if autos:
+            count = sum(n for _, n in autos)
+            per = min(1.0, (cpus - fixed) / count) if count else 1.0
+            per = int(per * 100) / 100.0
+            if per < 0.01:
+                raise ConfigError(f"ray.engine_num_cpus: the cluster has {cpus:g} CPU free, the fixed reservations take "
+                                  f"{fixed:g}; nothing is left for {count} actor(s) on auto (-1). Set "
+                                  "--engine-num-cpus / --trainer-num-cpus / --judge-num-cpus, or add nodes")
+            for role, _ in autos:
+                setattr(r, f"{role}_num_cpus", per)
+        for kind in ("CPU", "GPU"):
+            need = sum(n * getattr(r, f"{key}_num_{kind.lower()}s") for _, n, key in roles)
             have = float(total.get(kind, 0.0))
             if need <= have + 1e-9:
                 continue
-            why = (f"{m.engine_replicas} engine actor(s) x {per_engine:g} {kind} + {workers} trainer actor(s) x "
-                   f"{per_trainer:g} {kind} = {need:g} {kind}, the cluster has {have:g}; lower "
-                   f"--engine-num-{kind.lower()}s / --trainer-num-{kind.lower()}s (fractions are fine) or add nodes")
+            parts = " + ".join(f"{n} {role} actor(s) x {getattr(r, f'{key}_num_{kind.lower()}s'):g}"
+                               for role, n, key in roles)
+            why = (f"{parts} = {need:g} {kind}, the cluster has {have:g}; lower --engine-num-{kind.lower()}s / "
+                   f"--trainer-num-{kind.lower()}s / --judge-num-{kind.lower()}s (fractions are fine) or add nodes")
             if self.info.get("started"):
-                raise ConfigError(f"ray.{'engine' if workers == 0 else 'trainer'}_num_{kind.lower()}s: {why}")
+                raise ConfigError(f"ray.{roles[-1][2]}_num_{kind.lower()}s: {why}")
             log.warning("ray: %s; the actors wait for room up to --ray-start-timeout-s %.0f s", why,
                         r.start_timeout_s)
+
+    def cluster(self) -> dict[str, Any]:
+        """The cluster's nodes and resources (for /health and `clawloop status`), cached for 5 s."""
+        import time
+
+        import ray
+
+        now = time.monotonic()
+        cached = getattr(self, "_cluster", None)
+        if cached is not None and now - cached[0] < 5.0:
+            return cached[1]
+        try:
+            nodes = [{"node_id": n.get("NodeID", ""), "node_ip": n.get("NodeManagerAddress", ""),
+                      "alive": bool(n.get("Alive")), "resources": n.get("Resources", {})}
+                     for n in ray.nodes()]
+            out = {"mode": self.info.get("mode"), "address": self.info.get("address"), "nodes": nodes,
+                   "resources": ray.cluster_resources(), "available": ray.available_resources()}
+        except Exception as e:  # reporting never breaks /health
+            out = {"mode": self.info.get("mode"), "address": self.info.get("address"), "error": str(e)}
+        self._cluster = (now, out)
+        return out
 
     def make_engine(self) -> Any:
         from clawloop.distributed.router import RayEngine
@@ -123,6 +172,15 @@ class RayRuntime:
 
         attach_ray_trainer(cfg, engine, store, parts, stats, background)
 
+    def register(self, engine: Any, parts: dict[str, Any]) -> None:
+        """/health: the cluster's nodes and resources, and the judge actors beside the engine's."""
+        engine.cluster_info = self.cluster
+        judge = getattr(parts.get("judge"), "judge", None)
+        jengine = getattr(getattr(judge, "backend", None), "engine", None)
+        if jengine is not None and jengine is not engine and hasattr(jengine, "replicas"):
+            engine.actor_sources.append(lambda: [r.health() for r in jengine.replicas])
+            self.judge_engine = jengine
+
     def describe(self) -> str:
         import ray
 
@@ -131,8 +189,10 @@ class RayRuntime:
         r = self.cfg.ray
         return (f"ray {self.info['mode']} cluster at {self.info['address']} ({nodes} node(s), "
                 f"{res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU): {self.cfg.model.engine_replicas} engine "
-                f"actor(s), {r.trainer_workers or 'no'} trainer actor(s)"
-                + ("" if r.trainer_workers else " (trainer in this process)"))
+                f"actor(s) x {r.engine_num_cpus:g} CPU, "
+                + (f"{r.trainer_workers} trainer actor(s) x {r.trainer_num_cpus:g} CPU" if r.trainer_workers
+                   else "the trainer in this process")
+                + (f", {r.judge_workers} judge actor(s) x {r.judge_num_cpus:g} CPU" if r.judge_workers else ""))
 
     def close(self) -> None:
         """Leave the cluster (a local one stops with it). Actors were stopped by their owners."""

@@ -62,6 +62,8 @@ class _ReplicaFailed(Exception):
 class Replica:
     index: int
     handle: Any
+    role: str = "engine"
+    ray_name: str = ""
     state: str = "starting"
     """starting | up | down (failed under a request or a check; back once it answers) | restarting
     (its actor is being restarted by Ray) | failed (given up)."""
@@ -82,13 +84,13 @@ class Replica:
 
     @property
     def name(self) -> str:
-        return f"engine-{self.index}"
+        return f"{self.role}-{self.index}"
 
     def health(self) -> dict[str, Any]:
-        return {"name": self.name, "role": "engine", "state": self.state, "policy_version": self.version,
+        return {"name": self.name, "role": self.role, "state": self.state, "policy_version": self.version,
                 "inflight": self.inflight, "requests": self.requests, "restarts": self.restarts,
                 "node_id": self.node_id, "node_ip": self.node_ip, "pid": self.pid,
-                "last_error": self.last_error or None}
+                "ray_name": self.ray_name or None, "last_error": self.last_error or None}
 
 
 @dataclass
@@ -112,7 +114,8 @@ class RayEngine:
     def __init__(self, model_path: str, *, replicas: int = 1, engine_kwargs: dict[str, Any] | None = None,
                  num_cpus: float = 1.0, num_gpus: float = 0.0, placement: str = "PACK", max_restarts: int = 3,
                  token_timeout_s: float = 60.0, replica_wait_s: float = 60.0, health_interval_s: float = 1.0,
-                 start_timeout_s: float = 300.0, policy_version: int = 0):
+                 start_timeout_s: float = 300.0, policy_version: int = 0, role: str = "engine",
+                 name_prefix: str = ""):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -130,8 +133,11 @@ class RayEngine:
         self._version = int(policy_version)
         self._weights: Any = None
         """The object ref (or path) of the weights served now; None: the base weights."""
+        self.role = role
         self.actor_sources: list[Callable[[], list[dict[str, Any]]]] = []
-        """More actors for `health()` (the trainer group registers its workers here)."""
+        """More actors for `health()` (the trainer group registers its workers here, judge actors theirs)."""
+        self.cluster_info: Callable[[], dict[str, Any]] | None = None
+        """The cluster's nodes and resources for `health()` (set by `RayRuntime`)."""
         self.stats_ = _Stats()
         self._running = False
         self._monitor: asyncio.Task | None = None
@@ -146,7 +152,7 @@ class RayEngine:
             ready, _ = ray.wait([self.pg.ready()], timeout=start_timeout_s)
             if not ready:
                 ray.util.remove_placement_group(self.pg)
-                raise RuntimeError(f"ray: no room for {replicas} engine actor(s) of {bundle} ({placement}) within "
+                raise RuntimeError(f"ray: no room for {replicas} {role} actor(s) of {bundle} ({placement}) within "
                                    f"{start_timeout_s:.0f} s; cluster resources: {ray.cluster_resources()}")
         cls = ray.remote(EngineActor)
         self.replicas: list[Replica] = []
@@ -155,8 +161,17 @@ class RayEngine:
                                         max_task_retries=0, max_concurrency=1000)
             if self.pg is not None:
                 opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
-            handle = cls.options(**opts).remote(self.model_path, dict(engine_kwargs or {}), f"engine-{i}")
-            self.replicas.append(Replica(index=i, handle=handle))
+            if name_prefix:  # `ray kill-actor --namespace clawloop --name clawloop-8000-engine-0` finds it
+                opts["name"] = f"{name_prefix}{role}-{i}"
+            try:
+                handle = cls.options(**opts).remote(self.model_path, dict(engine_kwargs or {}), f"{role}-{i}")
+            except ValueError as e:  # the name is taken
+                self._kill_all()
+                from clawloop.config import ConfigError
+
+                raise ConfigError(f"ray.name: {e} (another clawloop on this cluster? give each its own --ray-name)"
+                                  ) from None
+            self.replicas.append(Replica(index=i, handle=handle, role=role, ray_name=opts.get("name", "")))
         try:
             infos = ray.get([r.handle.info.remote() for r in self.replicas], timeout=start_timeout_s)
         except BaseException:
@@ -182,10 +197,29 @@ class RayEngine:
         kw = dict(device=m.device, dtype=m.dtype,
                   max_batch_size=m.max_batch_size, max_model_len=m.max_model_len, threads=m.threads,
                   admit_wait_ms=m.admit_wait_ms)
-        return cls(path, replicas=m.engine_replicas, engine_kwargs=kw, num_cpus=r.engine_num_cpus,
+        return cls(path, replicas=m.engine_replicas, engine_kwargs=kw, num_cpus=_cpus(r.engine_num_cpus),
                    num_gpus=r.engine_num_gpus, placement=r.placement, max_restarts=r.max_restarts,
                    token_timeout_s=r.token_timeout_s, replica_wait_s=r.replica_wait_s,
-                   health_interval_s=r.health_interval_s, start_timeout_s=r.start_timeout_s)
+                   health_interval_s=r.health_interval_s, start_timeout_s=r.start_timeout_s,
+                   name_prefix=actor_prefix(cfg))
+
+    @classmethod
+    def judge_from_config(cls, cfg: Any) -> "RayEngine":
+        """`--judge frozen --judge-workers N`: N judge actors on the --judge-model folder (else the base
+        model). Nothing ever publishes to them; the judge loop's calls spread over them (least busy)."""
+        from clawloop.trainer import model_path_of
+
+        r, m = cfg.ray, cfg.model
+        path = str(Path(cfg.judge.model).expanduser()) if cfg.judge.model else model_path_of(cfg)
+        if not Path(path).exists():
+            raise FileNotFoundError(f"judge.model: {path} does not exist")
+        kw = dict(device=m.device, dtype=m.dtype, max_batch_size=m.max_batch_size, max_model_len=m.max_model_len,
+                  threads=m.threads, admit_wait_ms=m.admit_wait_ms)
+        return cls(path, replicas=r.judge_workers, engine_kwargs=kw, num_cpus=_cpus(r.judge_num_cpus),
+                   num_gpus=r.judge_num_gpus, placement=r.placement, max_restarts=r.max_restarts,
+                   token_timeout_s=r.token_timeout_s, replica_wait_s=r.replica_wait_s,
+                   health_interval_s=r.health_interval_s, start_timeout_s=r.start_timeout_s, role="judge",
+                   name_prefix=actor_prefix(cfg))
 
     # -- protocol ----------------------------------------------------------------
     @property
@@ -501,8 +535,11 @@ class RayEngine:
     def health(self) -> dict[str, Any]:
         up = sum(r.state == "up" for r in self.replicas)
         status = "ok" if up == len(self.replicas) else ("degraded" if up else "unavailable")
-        return {"status": status, "backend": "ray", "replicas": [r.health() for r in self.replicas],
-                "actors": self.actors()}
+        out = {"status": status, "backend": "ray", "replicas": [r.health() for r in self.replicas],
+               "actors": self.actors()}
+        if self.cluster_info is not None:
+            out["ray"] = self.cluster_info()
+        return out
 
     def stats(self) -> dict[str, float]:
         s = self.stats_
@@ -524,6 +561,16 @@ class RayEngine:
             out[f"engine/{r.name}_restarts"] = float(r.restarts)
             out[f"engine/{r.name}_policy_version"] = float(r.version if r.version is not None else -1)
         return out
+
+
+def actor_prefix(cfg: Any) -> str:
+    """Ray names of this clawloop's actors start with it (one clawloop per serving port on a cluster)."""
+    return f"{cfg.ray.name or f'clawloop-{cfg.serve.port}'}-"
+
+
+def _cpus(v: float) -> float:
+    """A CPU reservation left on auto (-1) when nothing resolved it (`RayRuntime.check_fit` does): 1."""
+    return float(v) if v >= 0 else 1.0
 
 
 async def _aref(ref: Any) -> Any:

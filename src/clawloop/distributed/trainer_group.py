@@ -334,12 +334,14 @@ class TrainerGroup:
     `TrainerLoop` uses of a `Trainer` (step, version, step_count, last, tokens_trained, use_lora)."""
 
     def __init__(self, cfg: Any, model_path: str, *, workers: int, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                 step_timeout_s: float = 600.0, start_timeout_s: float = 300.0, max_restarts: int = 3):
+                 step_timeout_s: float = 600.0, start_timeout_s: float = 300.0, max_restarts: int = 3,
+                 name_prefix: str = ""):
         import ray
         from ray.util.placement_group import placement_group
 
         self.cfg, self.tc, self.model_path = cfg, cfg.train, str(model_path)
         self.world = int(workers)
+        self.name_prefix = name_prefix
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self.step_timeout_s, self.start_timeout_s, self.max_restarts = step_timeout_s, start_timeout_s, max_restarts
         self.use_lora = bool(cfg.train.use_lora)
@@ -371,12 +373,16 @@ class TrainerGroup:
 
     @classmethod
     def from_config(cls, cfg: Any) -> "TrainerGroup":
+        from clawloop.distributed.router import actor_prefix
         from clawloop.trainer import model_path_of
 
         r = cfg.ray
-        return cls(cfg, model_path_of(cfg), workers=r.trainer_workers, num_cpus=r.trainer_num_cpus,
+        return cls(cfg, model_path_of(cfg), workers=r.trainer_workers, num_cpus=r.trainer_num_cpus if r.trainer_num_cpus >= 0 else 1.0,
                    num_gpus=r.trainer_num_gpus, step_timeout_s=r.step_timeout_s, start_timeout_s=r.start_timeout_s,
-                   max_restarts=r.max_restarts)
+                   max_restarts=r.max_restarts, name_prefix=actor_prefix(cfg))
+
+    def ray_name(self, rank: int) -> str:
+        return f"{self.name_prefix}trainer-{rank}" + (f"-r{self.restarts}" if self.restarts else "")
 
     def _start(self) -> None:
         import ray
@@ -390,6 +396,8 @@ class TrainerGroup:
             if self.pg is not None:
                 opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg,
                                                                                placement_group_bundle_index=rank)
+            if self.name_prefix:  # a restarted group's actors get new names (the old ones may not be gone yet)
+                opts["name"] = self.ray_name(rank)
             self.workers.append(cls.options(**opts).remote(self.cfg, self.model_path, rank, self.world))
         self.infos = self._get([w.info.remote() for w in self.workers], self.start_timeout_s)
         if self.world > 1:
@@ -502,6 +510,7 @@ class TrainerGroup:
                         "node_id": info.get("node_id", ""), "node_ip": info.get("node_ip", ""),
                         "pid": info.get("pid"), "device": info.get("device"), "restarts": self.restarts,
                         "policy_version": self.version, "step": self.step_count,
+                        "ray_name": self.ray_name(rank) if self.name_prefix else None,
                         "last_error": self.last_error or None})
         return out
 

@@ -121,11 +121,17 @@ def make_judge(cfg: Any, engine: Any = None) -> Judge:
 
 def _frozen_engine(cfg: Any) -> Any:
     """A frozen engine of the served backend (`--judge-model`, a local folder, else the base
-    model) that no publish ever reaches: with vLLM a server of its own, one replica, no LoRA."""
+    model) that no publish ever reaches: with vLLM a server of its own, one replica, no LoRA; with
+    `--ray ... --judge-workers N` a router over N judge actors."""
     import copy
 
     from clawloop.engines import make_engine
 
+    ray_cfg = getattr(cfg, "ray", None)
+    if ray_cfg is not None and ray_cfg.mode and ray_cfg.judge_workers > 0:  # judge actors (`--judge-workers N`)
+        from clawloop.distributed.router import RayEngine
+
+        return RayEngine.judge_from_config(cfg)
     c = copy.deepcopy(cfg)
     if cfg.judge.model:
         c.model.path = str(Path(cfg.judge.model).expanduser())
