@@ -11,6 +11,8 @@ warm-up step:
 - single process: `Trainer.step` in this process (the no-Ray baseline);
 - 1 and 2 trainer actors (`TrainerGroup`, gloo): the driver's wall time per step (what the trainer
   loop waits for), the step time inside the actors, and the all-reduce time inside the step;
+- serving: one greedy request on the shipped tiny model, the in-process engine vs the router to one
+  engine actor (what the Ray hop adds per request);
 - Ray's own costs: an actor call round trip (a no-op method), `ray.put` of the batch, the driver-side
   overhead of a step (driver wall - step inside the actor), one all-reduce of the model's gradient
   size and of one float (latency), and fetching the published weights (rank 0 packs its state dict
@@ -60,12 +62,50 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs) * 1000.0
 
 
+def serving(n: int) -> dict:
+    """Latency of one request (greedy, 16 tokens, the shipped tiny model) from the in-process engine vs
+    through the router to one engine actor: what the Ray hop costs a request (the streamed batches of
+    tokens, the object store, the actor's event loop). Sequential requests, p50 in ms."""
+    import asyncio
+
+    from clawloop.distributed.router import RayEngine
+    from clawloop.engines.base import GenerationRequest, SamplingParams
+    from clawloop.engines.hf import HFEngine
+    from clawloop.gateway.render import render_prompt
+    from clawloop.tinymodel.build import default_model_dir
+
+    path = str(default_model_dir())
+
+    async def run(engine) -> list[float]:
+        await engine.start()
+        prompt = render_prompt(engine.tokenizer, [{"role": "user", "content": "What is 12+7?"}], None)
+        out, tokens = [], 0
+        try:
+            for i in range(n + 2):
+                t0 = time.perf_counter()
+                async for ev in engine.generate(GenerationRequest(list(prompt), SamplingParams(
+                        temperature=0.0, max_tokens=16), session_id=f"s{i}")):
+                    tokens += ev.token_id is not None
+                if i >= 2:  # two warm-up requests
+                    out.append(time.perf_counter() - t0)
+        finally:
+            await engine.stop()
+        return out
+
+    kw = dict(device="cpu", threads=1)
+    direct = asyncio.run(run(HFEngine(path, **kw)))
+    routed = asyncio.run(run(RayEngine(path, replicas=1, engine_kwargs=kw, num_cpus=1.0)))
+    return {"requests": n, "direct_p50_ms": med(direct), "ray_actor_p50_ms": med(routed),
+            "added_p50_ms": med(routed) - med(direct), "ratio_p50": med(routed) / med(direct)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=40, help="Sequential requests per engine in the serving part.")
     ap.add_argument("--out", default="", help="Also write the results as JSON here.")
     a = ap.parse_args()
 
@@ -150,6 +190,7 @@ def main() -> int:
             finally:
                 group.shutdown()
         res["speedup_2_vs_1_workers"] = res["workers_1"]["driver_step_ms"] / res["workers_2"]["driver_step_ms"]
+        res["serving"] = serving(a.requests)
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -168,6 +209,10 @@ def main() -> int:
           f"{w1['ray_put_batch_ms']:.2f} ms,\n  all-reduce of the gradient ({n_params * 4 / 2**20:.1f} MiB) "
           f"{w2['allreduce_grad_size_ms']:.1f} ms, of one float {w2['allreduce_1_float_ms']:.3f} ms, weights "
           f"through the object store ({w1['weights_mb']:.1f} MiB) {w1['publish_weights_via_object_store_ms']:.1f} ms")
+    sv = res["serving"]
+    print(f"serving, one greedy 16-token request on the tiny model: in-process engine p50 {sv['direct_p50_ms']:.1f} ms, "
+          f"through the router to an engine actor {sv['ray_actor_p50_ms']:.1f} ms (+{sv['added_p50_ms']:.1f} ms, "
+          f"{sv['ratio_p50']:.2f}x)")
     return 0
 
 
