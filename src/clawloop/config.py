@@ -703,8 +703,14 @@ def validate_ray(cfg: Config, need: Any) -> None:
     need(r.trainer_num_gpus == 0 or r.trainer_num_gpus >= 1 or r.trainer_workers <= 1, "ray.trainer_num_gpus",
          "nccl needs a whole GPU per trainer actor (0, or >= 1)")
     if r.mode:
-        need(cfg.model.backend == "hf", "ray.mode", f"--ray runs hf engine actors; --backend {cfg.model.backend} "
-             "is not supported with it (vLLM keeps its own replicas: --backend vllm --engine-replicas N)")
+        need(cfg.model.backend in ("hf", "vllm"), "ray.mode", f"--ray runs hf or vLLM engine replicas; --backend "
+             f"{cfg.model.backend} is not supported with it")
+        need(not cfg.model.engine_urls, "ray.mode", "--engine-url attaches to servers someone else runs; with --ray "
+             "clawloop places the vLLM servers itself (--engine-replicas N --engine-num-gpus 1)")
+        need(not cfg.train.rollout_gpus, "train.rollout_gpus", "with --ray, Ray assigns the GPUs: drop ROLLOUT_GPUS "
+             "and give --engine-num-gpus")
+        need(not cfg.model.sleep_while_training, "model.sleep_while_training", "--colocate is not supported with "
+             "--ray: give the trainer and the engines their own GPUs")
         need(r.mode == "auto" or r.num_cpus >= r.engine_num_cpus, "ray.engine_num_cpus",
              f"an engine actor asks for {r.engine_num_cpus} CPUs, the local cluster has {r.num_cpus}")
         need(r.mode == "auto" or r.num_cpus >= r.trainer_num_cpus, "ray.trainer_num_cpus",

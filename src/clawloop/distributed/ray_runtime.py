@@ -8,11 +8,13 @@
                   of the --env-resource custom resource, its own session folder (--ray-temp-dir, else
                   a fresh one under /tmp) so it never meets another cluster on the machine; stopped at exit.
 
-Roles: `--engine-replicas` hf engine actors behind `router.RayEngine` (a placement group of
-{CPU: --engine-num-cpus, GPU: --engine-num-gpus} bundles, --ray-placement), and `--trainer-workers`
-data-parallel trainer actors (`trainer_group`, one PACK placement group). Judge actors and env
-pools on the custom resource are not built yet (`--judge-workers` must be 0; the env resource is
-offered by --ray local so env-pool actors can ask for {env: 1} once they exist).
+Roles: `--engine-replicas` engine replicas in a placement group of {CPU: --engine-num-cpus, GPU:
+--engine-num-gpus} bundles (--ray-placement): hf engine actors behind `router.RayEngine`, or with
+`--backend vllm` vLLM servers started on the bundles' nodes by `vllm_actor.VLLMHost` actors behind
+`vllm_actor.RayVLLMEngine`; `--trainer-workers` data-parallel trainer actors (`trainer_group`, one
+PACK placement group); `--judge-workers` judge engine actors for `--judge frozen` (`router.RayEngine`
+with role judge, never published to); env-pool actors on the --env-resource custom resource are
+started by `clawloop buffer --ray` (`env_actor`).
 
 Every actor needs clawloop importable on its node: the same environment on every node (as with
 `ray start` run from this project's .venv), and for resumes on more than one node a --save-dir
@@ -161,6 +163,11 @@ class RayRuntime:
         return out
 
     def make_engine(self) -> Any:
+        if self.cfg.model.backend == "vllm":
+            from clawloop.distributed.vllm_actor import RayVLLMEngine
+
+            self.engine = RayVLLMEngine.from_config(self.cfg)
+            return self.engine
         from clawloop.distributed.router import RayEngine
 
         self.engine = RayEngine.from_config(self.cfg)

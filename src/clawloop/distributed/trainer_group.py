@@ -267,6 +267,9 @@ class TrainerWorker:
 
         return pack(self.trainer.served_state_dict()), True
 
+    def lora_adapter(self) -> Any:
+        return self.trainer.lora_adapter()
+
     def fingerprint(self) -> float:
         from clawloop.trainer.checkpoint import weights_fingerprint
 
@@ -455,6 +458,17 @@ class TrainerGroup:
         self._get([ok], self.step_timeout_s)
         return weights
 
+    def publish_payload(self, adapters: bool) -> Any:
+        """Rank 0's weights in this process: its LoRA adapter when the engine takes adapters and the
+        trainer trains one, else the merged full state dict (for engines that are not actors)."""
+        import ray
+
+        from clawloop.distributed.weights import unpack
+
+        if self.use_lora and adapters:
+            return self._get([self.workers[0].lora_adapter.remote()], self.step_timeout_s)[0]
+        return unpack(ray.get(self.served_weights_ref(), timeout=self.step_timeout_s))
+
     def save(self, save_dir: str | Path, cursor: int, extra: dict[str, Any], pending: list[Sample] | None) -> Path:
         return Path(self._get([self.workers[0].save.remote(str(save_dir), cursor, extra, pending)],
                               self.step_timeout_s)[0])
@@ -636,8 +650,11 @@ class RayTrainerLoop(TrainerLoop):
         version = self.group.version
         before = self.engine.policy_version
         try:
-            ref = self.group.served_weights_ref()
-            self._await_engine(self.engine.publish(ref, version))
+            if hasattr(self.engine, "weights_ref"):  # engine actors: they read the object store themselves
+                weights: Any = self.group.served_weights_ref()
+            else:  # the vLLM engine writes the weights to DATA_DIR/weights/vN for its servers
+                weights = self.group.publish_payload(getattr(self.engine, "accepts_lora_adapters", False))
+            self._await_engine(self.engine.publish(weights, version))
         except Exception:
             self.counts["publish_failures"] += 1
             raise

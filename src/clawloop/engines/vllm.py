@@ -743,14 +743,27 @@ class VLLMEngine:
     def _spawn(self, r: Replica) -> None:
         port = _free_port()
         r.url = f"http://127.0.0.1:{port}"
-        args = ["--model", self.serve_dir, "--served-model-name", BASE_NAME, "--host", "127.0.0.1",
+        env = dict(os.environ)
+        env.update(self._server_env(r))
+        env.pop("VIRTUAL_ENV", None)
+        env.pop("PYTHONPATH", None)  # never leak clawloop's environment into vLLM's
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[r.index % len(self.gpus)]
+        assert self.python is not None
+        r.process = VLLMProcess(self.python, self._server_args("127.0.0.1", port), env,
+                                self.data_dir / "logs" / f"vllm-{r.name}.log")
+        r.process.start()
+        log.info("started vLLM %s (pid %s) on %s; log %s", r.name, r.process.pid, r.url, r.process.log_path)
+
+    def _server_args(self, host: str, port: int) -> list[str]:
+        """A replica's vLLM command line (after `python launcher.py PARENT --`)."""
+        args = ["--model", self.serve_dir, "--served-model-name", BASE_NAME, "--host", host,
                 "--port", str(port), "--max-model-len", str(self.max_model_len),
                 "--logprobs-mode", "raw_logprobs", "--max-logprobs", str(self.max_logprobs + 1),
                 "--enable-scale-out", "--disable-uvicorn-access-log"]
-        cuda = _has_cuda()
         if self.dtype != "auto":
             args += ["--dtype", self.dtype]
-        elif not cuda:
+        elif not _has_cuda():
             args += ["--dtype", "float32"]  # the hf engine's CPU dtype: logprobs the trainer can match
         if self.lora_rank:
             rank = next(x for x in (8, 16, 32, 64, 128, 256, 512) if x >= self.lora_rank)
@@ -759,24 +772,20 @@ class VLLMEngine:
             args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.sleep_mode:
             args += ["--enable-sleep-mode"]
-        args += self.extra_args
-        env = dict(os.environ)
-        env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-                    "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                    "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "WARNING")})
-        env.pop("VIRTUAL_ENV", None)
-        env.pop("PYTHONPATH", None)  # never leak clawloop's environment into vLLM's
-        if not cuda:
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(self.kv_cache_gib)))))
+        return args + self.extra_args
+
+    def _server_env(self, r: Replica) -> dict[str, str]:
+        """What a replica's environment adds to the one it starts in."""
+        env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+               "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        if not _has_cuda():
+            env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE",
+                                                           str(max(1, int(round(self.kv_cache_gib)))))
             if len(self.replicas) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
                 # vLLM binds each CPU server to core 0 by default: spread replicas over the cores.
                 env["VLLM_CPU_OMP_THREADS_BIND"] = str(r.index % (os.cpu_count() or 1))
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = self.gpus[r.index % len(self.gpus)]
-        assert self.python is not None
-        r.process = VLLMProcess(self.python, args, env, self.data_dir / "logs" / f"vllm-{r.name}.log")
-        r.process.start()
-        log.info("started vLLM %s (pid %s) on %s; log %s", r.name, r.process.pid, r.url, r.process.log_path)
+        return env
 
     async def _wait_healthy(self, r: Replica, timeout_s: float, first: bool = False) -> None:
         t0 = time.monotonic()

@@ -3,6 +3,7 @@
     clawloop envpool --track terminal --port 8890 [--parallel-envs 8]   # serve one track's pool
     pool = EnvPool("terminal", EnvOptions(), capacity=8)                # the same, in-process
     pool = connect_pool(url or None, track, opts, capacity)             # what generators call
+    pool = connect_pool("http://a:8890,http://b:8890", ...)             # SpreadPool over several servers
 
 The reference's lease API, JSON in and out:
   POST /allocate   {"task_id"?}            -> {"lease_id", "task_id", "track", "expires_at"}; 429 at capacity
@@ -23,6 +24,11 @@ broken environment never takes the pool down with it. At capacity `/allocate`
 answers 429 with `Retry-After` rather than waiting. Calls on one lease are
 serialised; different leases run in parallel (each env call is blocking
 subprocess work, so they run on threads).
+
+Several pool servers (one per env node, e.g. the Ray env-pool actors of `clawloop buffer --ray`)
+are used through `SpreadPool`: each allocation goes to the server holding the fewest of this
+client's leases, lease ids carry the server's index (`"1:9f3c..."`) so every later call goes back
+to it, and a full (429) or unreachable (503) server is passed over for the next.
 """
 
 from __future__ import annotations
@@ -308,11 +314,13 @@ def create_pool_app(pool: EnvPool) -> FastAPI:
 class HTTPPool:
     """The pool API over HTTP, with EnvPool's method names (what a generator uses for a remote pool)."""
 
-    def __init__(self, url: str, timeout_s: float = 900.0, retries: int = 3):
+    def __init__(self, url: str, timeout_s: float = 900.0, retries: int = 3, connect_timeout_s: float = 10.0):
         import httpx
 
         self.url = url.rstrip("/")
-        self.client = httpx.Client(timeout=timeout_s)
+        # env calls may run for minutes, but a server that does not even accept the connection
+        # (its node gone) must fail fast so a SpreadPool can move on
+        self.client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s))
         self.retries = retries
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -370,10 +378,128 @@ class HTTPPool:
         self.client.close()
 
 
-def connect_pool(url: str | None, track: str, opts: EnvOptions, capacity: int) -> EnvPool | HTTPPool:
-    """A remote pool when `url` is given, else a local one (the default for generators)."""
-    if url:
-        return HTTPPool(url)
+class SpreadPool:
+    """Several pool servers of one track behind EnvPool's method names.
+
+    `allocate` asks the server holding the fewest of this client's open leases (ties rotate), and
+    passes over one that is full (429) or unreachable (503): it answers 429 only when every server
+    is full, 503 when none can be reached. An unreachable server is skipped for `cooldown_s` so
+    allocations do not pay its connection retries every time. Lease ids are `"<index>:<id>"`; every
+    other call goes to the server the index names. A lease on a server that died is lost (its calls
+    answer 503, or 404/410 once the server is back): the episode fails as with one pool.
+    """
+
+    def __init__(self, urls: list[str], *, cooldown_s: float = 10.0, retries: int = 1):
+        if not urls:
+            raise ValueError("SpreadPool needs at least one pool URL")
+        self.pools = [HTTPPool(u, retries=retries) for u in urls]
+        self.cooldown_s = cooldown_s
+        self._open: list[set[str]] = [set() for _ in urls]
+        self._down_until = [0.0] * len(urls)
+        self._turn = 0
+        self._lock = threading.Lock()
+
+    @property
+    def urls(self) -> list[str]:
+        return [p.url for p in self.pools]
+
+    def allocate(self, task_id: str | None = None) -> dict[str, Any]:
+        n = len(self.pools)
+        with self._lock:
+            now = time.monotonic()
+            turn, self._turn = self._turn, self._turn + 1
+            order = sorted(range(n), key=lambda i: (self._down_until[i] > now, len(self._open[i]), (i - turn) % n))
+        refused: list[PoolError] = []
+        for i in order:
+            try:
+                lease = self.pools[i].allocate(task_id)
+            except PoolError as e:
+                if e.status not in (429, 503):
+                    raise
+                if e.status == 503:
+                    with self._lock:
+                        self._down_until[i] = time.monotonic() + self.cooldown_s
+                refused.append(e)
+                continue
+            with self._lock:
+                self._open[i].add(lease["lease_id"])
+                self._down_until[i] = 0.0
+            return {**lease, "lease_id": f"{i}:{lease['lease_id']}"}
+        if any(e.status == 429 for e in refused):
+            raise PoolError(429, f"all {n} env pools are at capacity; retry later")
+        raise PoolError(503, f"no env pool reachable: {'; '.join(e.message for e in refused)}")
+
+    def _route(self, lease_id: str) -> tuple[int, str]:
+        head, sep, rest = str(lease_id).partition(":")
+        if not sep or not head.isdigit() or int(head) >= len(self.pools) or not rest:
+            raise PoolError(404, f"no lease {lease_id!r} (not one of this spread pool's)")
+        return int(head), rest
+
+    def reset(self, lease_id: str) -> dict[str, Any]:
+        i, lid = self._route(lease_id)
+        return self.pools[i].reset(lid)
+
+    def step(self, lease_id: str, message: dict[str, Any]) -> dict[str, Any]:
+        i, lid = self._route(lease_id)
+        return self.pools[i].step(lid, message)
+
+    def evaluate(self, lease_id: str) -> dict[str, Any]:
+        i, lid = self._route(lease_id)
+        return self.pools[i].evaluate(lid)
+
+    def oracle(self, lease_id: str) -> dict[str, Any]:
+        i, lid = self._route(lease_id)
+        return self.pools[i].oracle(lid)
+
+    def heartbeat(self, lease_id: str) -> dict[str, Any]:
+        i, lid = self._route(lease_id)
+        return self.pools[i].heartbeat(lid)
+
+    def close(self, lease_id: str) -> dict[str, Any]:
+        i, lid = self._route(lease_id)
+        with self._lock:  # the lease is over for this client whatever the server answers
+            self._open[i].discard(lid)
+        return self.pools[i].close(lid)
+
+    def task_ids(self) -> list[str]:
+        """The track's task ids, from the first server that answers (all serve the same track)."""
+        import httpx
+
+        errors = []
+        for p in self.pools:
+            try:
+                return p.task_ids()
+            except httpx.HTTPError as e:
+                errors.append(f"{p.url}: {e}")
+        raise PoolError(503, f"no env pool reachable: {'; '.join(errors)}")
+
+    def status(self) -> dict[str, Any]:
+        """Every server's /status (or its error), and the totals of the ones that answered."""
+        import httpx
+
+        pools: list[dict[str, Any]] = []
+        for p, mine in zip(self.pools, self._open):
+            try:
+                pools.append({"url": p.url, "open_here": len(mine), **p.status()})
+            except httpx.HTTPError as e:
+                pools.append({"url": p.url, "open_here": len(mine), "error": str(e)})
+        keys = ("capacity", "active", "allocated", "closed", "reaped", "crashed", "refused_full")
+        return {**{k: sum(int(s.get(k, 0)) for s in pools) for k in keys},
+                "reachable": sum("error" not in s for s in pools), "pools": pools}
+
+    def shutdown(self) -> None:
+        for p in self.pools:
+            p.shutdown()
+
+
+def connect_pool(url: str | None, track: str, opts: EnvOptions, capacity: int) -> EnvPool | HTTPPool | SpreadPool:
+    """A remote pool when `url` is given (several, comma-separated: a SpreadPool over them), else a
+    local one (the default for generators)."""
+    urls = [u.strip() for u in (url or "").split(",") if u.strip()]
+    if len(urls) > 1:
+        return SpreadPool(urls)
+    if urls:
+        return HTTPPool(urls[0])
     return EnvPool(track, opts, capacity=capacity)
 
 
