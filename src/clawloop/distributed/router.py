@@ -117,11 +117,10 @@ class RayEngine:
                  start_timeout_s: float = 300.0, policy_version: int = 0, role: str = "engine",
                  name_prefix: str = ""):
         import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         from transformers import AutoTokenizer
 
         from clawloop.distributed.engine_actor import EngineActor
+        from clawloop.distributed.placement import in_bundle, reserve
 
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
@@ -143,24 +142,12 @@ class RayEngine:
         self._monitor: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None
         self._changed: asyncio.Event | None = None
-        bundle = {"CPU": float(num_cpus)} if num_cpus > 0 else {}
-        if num_gpus > 0:
-            bundle["GPU"] = float(num_gpus)
-        self.pg = None
-        if bundle:
-            self.pg = placement_group([dict(bundle) for _ in range(replicas)], strategy=placement)
-            ready, _ = ray.wait([self.pg.ready()], timeout=start_timeout_s)
-            if not ready:
-                ray.util.remove_placement_group(self.pg)
-                raise RuntimeError(f"ray: no room for {replicas} {role} actor(s) of {bundle} ({placement}) within "
-                                   f"{start_timeout_s:.0f} s; cluster resources: {ray.cluster_resources()}")
+        self.pg = reserve(replicas, num_cpus, num_gpus, placement, start_timeout_s, f"{role} actor")
         cls = ray.remote(EngineActor)
         self.replicas: list[Replica] = []
         for i in range(replicas):
-            opts: dict[str, Any] = dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
-                                        max_task_retries=0, max_concurrency=1000)
-            if self.pg is not None:
-                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
+            opts = in_bundle(dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
+                                  max_task_retries=0, max_concurrency=1000), self.pg, i)
             if name_prefix:  # `ray kill-actor --namespace clawloop --name clawloop-8000-engine-0` finds it
                 opts["name"] = f"{name_prefix}{role}-{i}"
             try:
@@ -257,19 +244,10 @@ class RayEngine:
         self._kill_all()
 
     def _kill_all(self) -> None:
-        import ray
+        from clawloop.distributed.placement import release
 
-        for r in self.replicas:
-            try:
-                ray.kill(r.handle, no_restart=True)
-            except Exception:  # already gone
-                pass
-        if self.pg is not None:
-            try:
-                ray.util.remove_placement_group(self.pg)
-            except Exception:
-                pass
-            self.pg = None
+        release([r.handle for r in self.replicas], self.pg)
+        self.pg = None
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         if not self._running:

@@ -339,8 +339,7 @@ class TrainerGroup:
     def __init__(self, cfg: Any, model_path: str, *, workers: int, num_cpus: float = 1.0, num_gpus: float = 0.0,
                  step_timeout_s: float = 600.0, start_timeout_s: float = 300.0, max_restarts: int = 3,
                  name_prefix: str = ""):
-        import ray
-        from ray.util.placement_group import placement_group
+        from clawloop.distributed.placement import reserve
 
         self.cfg, self.tc, self.model_path = cfg, cfg.train, str(model_path)
         self.world = int(workers)
@@ -357,17 +356,7 @@ class TrainerGroup:
         self.last_error = ""
         self.workers: list[Any] = []
         self.infos: list[dict[str, Any]] = []
-        bundle = {"CPU": float(num_cpus)} if num_cpus > 0 else {}
-        if num_gpus > 0:
-            bundle["GPU"] = float(num_gpus)
-        self.pg = None
-        if bundle:
-            self.pg = placement_group([dict(bundle) for _ in range(self.world)], strategy="PACK")
-            ready, _ = ray.wait([self.pg.ready()], timeout=start_timeout_s)
-            if not ready:
-                ray.util.remove_placement_group(self.pg)
-                raise RuntimeError(f"ray: no room for {self.world} trainer actor(s) of {bundle} within "
-                                   f"{start_timeout_s:.0f} s; cluster resources: {ray.cluster_resources()}")
+        self.pg = reserve(self.world, num_cpus, num_gpus, "PACK", start_timeout_s, "trainer actor")
         try:
             self._start()
         except BaseException:
@@ -389,16 +378,14 @@ class TrainerGroup:
 
     def _start(self) -> None:
         import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from clawloop.distributed.placement import in_bundle
 
         cls = ray.remote(TrainerWorker)
         self.workers = []
         for rank in range(self.world):
-            opts: dict[str, Any] = dict(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_restarts=0,
-                                        max_concurrency=2)
-            if self.pg is not None:
-                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg,
-                                                                               placement_group_bundle_index=rank)
+            opts = in_bundle(dict(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_restarts=0,
+                                  max_concurrency=2), self.pg, rank)
             if self.name_prefix:  # a restarted group's actors get new names (the old ones may not be gone yet)
                 opts["name"] = self.ray_name(rank)
             self.workers.append(cls.options(**opts).remote(self.cfg, self.model_path, rank, self.world))
@@ -531,22 +518,15 @@ class TrainerGroup:
     def shutdown(self) -> None:
         import ray
 
+        from clawloop.distributed.placement import release
+
         for w in self.workers:
             try:
                 ray.get(w.close.remote(), timeout=10)
             except Exception:
                 pass
-            try:
-                ray.kill(w, no_restart=True)
-            except Exception:
-                pass
-        self.workers = []
-        if self.pg is not None:
-            try:
-                ray.util.remove_placement_group(self.pg)
-            except Exception:
-                pass
-            self.pg = None
+        release(self.workers, self.pg)
+        self.workers, self.pg = [], None
         if self.state != "failed":
             self.state = "stopped"
 

@@ -161,31 +161,19 @@ class RayVLLMEngine(VLLMEngine):
                  placement: str = "PACK", ray_max_restarts: int = 3, name_prefix: str = "",
                  host_timeout_s: float = 300.0, **kw: Any):
         import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from clawloop.distributed.placement import in_bundle, reserve
 
         super().__init__(model_path, replicas=replicas, **kw)
         self.actor_sources: list[Any] = []
         self.cluster_info: Any = None
         self.hosts: list[Any] = []
         self.host_names: list[str] = []
-        bundle = {"CPU": float(num_cpus)} if num_cpus > 0 else {}
-        if num_gpus > 0:
-            bundle["GPU"] = float(num_gpus)
-        self.pg = None
-        if bundle:
-            self.pg = placement_group([dict(bundle) for _ in range(replicas)], strategy=placement)
-            ready, _ = ray.wait([self.pg.ready()], timeout=host_timeout_s)
-            if not ready:
-                ray.util.remove_placement_group(self.pg)
-                raise RuntimeError(f"ray: no room for {replicas} vLLM replica(s) of {bundle} ({placement}) within "
-                                   f"{host_timeout_s:.0f} s; cluster resources: {ray.cluster_resources()}")
+        self.pg = reserve(replicas, num_cpus, num_gpus, placement, host_timeout_s, "vLLM replica")
         cls = ray.remote(VLLMHost)
         for i in range(replicas):
-            opts: dict[str, Any] = dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=ray_max_restarts,
-                                        max_task_retries=0, max_concurrency=4)
-            if self.pg is not None:
-                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
+            opts = in_bundle(dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=ray_max_restarts,
+                                  max_task_retries=0, max_concurrency=4), self.pg, i)
             name = f"{name_prefix}engine-{i}" if name_prefix else ""
             if name:
                 opts["name"] = name
@@ -243,20 +231,10 @@ class RayVLLMEngine(VLLMEngine):
             self._remove_hosts()
 
     def _remove_hosts(self) -> None:
-        import ray
+        from clawloop.distributed.placement import release
 
-        for h in self.hosts:
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:
-                pass
-        self.hosts = []
-        if self.pg is not None:
-            try:
-                ray.util.remove_placement_group(self.pg)
-            except Exception:
-                pass
-            self.pg = None
+        release(self.hosts, self.pg)
+        self.hosts, self.pg = [], None
 
     def health(self) -> dict[str, Any]:
         out = super().health()
