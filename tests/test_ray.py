@@ -71,7 +71,11 @@ def test_ray_config_is_validated_with_the_key_named(random_model_dir, tmp_path):
     for flags, key in ([{"ray__mode": "cluster"}, "ray.mode"], [{"ray__trainer_workers": "-1"}, "ray.trainer_workers"],
                        [{"ray__judge_workers": "2"}, "ray.judge_workers"], [{"ray__env_resource": "a b"},
                                                                            "ray.env_resource"],
-                       [{"ray__mode": "local", "model__backend": "vllm"}, "ray.mode"],
+                       [{"ray__mode": "local", "model__backend": "vllm", "model__engine_urls": ["http://127.0.0.1:9"]},
+                        "ray.mode"], [{"ray__mode": "local", "train__rollout_gpus": "0,1"}, "train.rollout_gpus"],
+                       [{"ray__mode": "local", "ray__judge_workers": "1"}, "ray.judge_workers"],
+                       [{"ray__env_workers": "1"}, "ray.env_workers"], [{"ray__name": "a b"}, "ray.name"],
+                       [{"ray__engine_num_cpus": "-2"}, "ray.engine_num_cpus"],
                        [{"ray__mode": "local", "ray__num_cpus": "1", "ray__trainer_num_cpus": "4"},
                         "ray.trainer_num_cpus"], [{"ray__token_timeout_s": "0"}, "ray.token_timeout_s"]):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -169,7 +169,10 @@ def test_buffer_with_ray_env_workers_leases_from_both_pools(tmp_path):
                 break
             time.sleep(0.3)
         assert all(allocated), allocated
-        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        h = httpx.get(f"http://127.0.0.1:{port}/health").json()
+        rows = {a["name"]: a for a in h["actors"]}  # the buffer's /health lists its env-pool actors
+        assert set(rows) == {"env-0", "env-1"} and {a["url"] for a in rows.values()} == set(urls)
+        assert all(a["state"] == "up" and a["role"] == "env" and a["node_ip"] == "127.0.0.1" for a in rows.values())
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -505,8 +505,12 @@ def create_buffer_app(cfg: Config) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         running = sum(1 for p in list(buf.rollouts.values()) if p.running())
-        return JSONResponse({"status": "ok", "db": str(buf.store.path), "generators": sorted(buf.generators),
-                             "rollouts_running": running, "current_task": buf.store.current_task})
+        body = {"status": "ok", "db": str(buf.store.path), "generators": sorted(buf.generators),
+                "rollouts_running": running, "current_task": buf.store.current_task}
+        pools = getattr(app.state, "env_pools", None)
+        if pools is not None:  # `--ray --env-workers N`: the env-pool actors, their nodes and leases
+            body["actors"] = await run_in_threadpool(pools.health)
+        return JSONResponse(body)
 
     @app.get("/")
     async def root() -> JSONResponse:
@@ -606,6 +610,7 @@ def run_buffer(cfg: Config) -> None:
               + ", ".join(f"{h['url']} (node {h['node_ip']})" for h in pools.health()), flush=True)
     try:
         app = create_buffer_app(cfg)
+        app.state.env_pools = pools
         if cfg.env.track:  # ENV_TYPE=terminal clawloop buffer: start that track's rollout at once
             started = app.state.buffer.start_rollout({"task_type": cfg.env.track},
                                                      f"http://{cfg.buffer.host}:{cfg.buffer.port}")
