@@ -246,6 +246,7 @@ def test_b_feedback_advances_the_served_version_and_health_lists_every_actor(up,
     port = up.cfg.serve.port
     assert names["engine-0"]["ray_name"] == f"clawloop-{port}-engine-0"  # what `ray kill-actor --name` takes
     assert names["trainer-1"]["ray_name"] == f"clawloop-{port}-trainer-1"
+    assert names["engine-0"]["resources"] == {"CPU": 0.5} == names["trainer-1"]["resources"]
     assert h["ray"]["mode"] == "local" and h["ray"]["resources"]["CPU"] == 2.0 and len(h["ray"]["nodes"]) == 1
     # `clawloop status --ray` prints the same: every actor, its node, the cluster's resources
     capsys.readouterr()
@@ -254,7 +255,7 @@ def test_b_feedback_advances_the_served_version_and_health_lists_every_actor(up,
     assert "policy v0" in out and "backend ray" in out and "CPU 2" in out
     for name in ("engine-0", "trainer-0", "trainer-1"):
         line = next(x for x in out.splitlines() if x.strip().startswith(name + " "))
-        assert " up " in line and "127.0.0.1" in line, line
+        assert " up " in line and "127.0.0.1" in line and "CPU:0.5" in line, line
     c = _client(up.url)
     for i in range(3):
         _converse(c, f"fb{i}", ["just the number, please", "Thanks! What is 3+4?"])

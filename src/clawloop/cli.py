@@ -274,8 +274,16 @@ def cmd_status(argv: list[str]) -> int:
           f"inflight {h.get('inflight', 0)}")
     actors = h.get("actors") or h.get("replicas") or []
     if actors:
-        cols = ("name", "role", "state", "node_ip", "pid", "policy_version", "restarts", "ray_name", "last_error")
-        rows = [[str(x.get(c) if x.get(c) is not None else "-") for c in cols] for x in actors]
+        cols = ("name", "role", "state", "node_ip", "pid", "resources", "policy_version", "restarts", "ray_name",
+                "last_error")
+
+        def cell(x: dict[str, Any], c: str) -> str:
+            v = x.get(c)
+            if isinstance(v, dict):
+                return ",".join(f"{k}:{n:g}" for k, n in v.items()) or "-"
+            return "-" if v is None else str(v)
+
+        rows = [[cell(x, c) for c in cols] for x in actors]
         widths = [max(len(c), *(len(row[i][:60]) for row in rows)) for i, c in enumerate(cols)]
         for row in [list(cols)] + rows:
             print("  " + "  ".join(v[:60].ljust(w) for v, w in zip(row, widths)).rstrip())

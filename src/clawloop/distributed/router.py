@@ -64,6 +64,8 @@ class Replica:
     handle: Any
     role: str = "engine"
     ray_name: str = ""
+    resources: dict[str, float] = field(default_factory=dict)
+    """What its actor reserved ({CPU: n, GPU: m})."""
     state: str = "starting"
     """starting | up | down (failed under a request or a check; back once it answers) | restarting
     (its actor is being restarted by Ray) | failed (given up)."""
@@ -90,7 +92,8 @@ class Replica:
         return {"name": self.name, "role": self.role, "state": self.state, "policy_version": self.version,
                 "inflight": self.inflight, "requests": self.requests, "restarts": self.restarts,
                 "node_id": self.node_id, "node_ip": self.node_ip, "pid": self.pid,
-                "ray_name": self.ray_name or None, "last_error": self.last_error or None}
+                "ray_name": self.ray_name or None, "resources": self.resources,
+                "last_error": self.last_error or None}
 
 
 @dataclass
@@ -158,7 +161,8 @@ class RayEngine:
 
                 raise ConfigError(f"ray.name: {e} (another clawloop on this cluster? give each its own --ray-name)"
                                   ) from None
-            self.replicas.append(Replica(index=i, handle=handle, role=role, ray_name=opts.get("name", "")))
+            self.replicas.append(Replica(index=i, handle=handle, role=role, ray_name=opts.get("name", ""),
+                                         resources=_reserved(num_cpus, num_gpus)))
         try:
             infos = ray.get([r.handle.info.remote() for r in self.replicas], timeout=start_timeout_s)
         except BaseException:
@@ -544,6 +548,10 @@ class RayEngine:
 def actor_prefix(cfg: Any) -> str:
     """Ray names of this clawloop's actors start with it (one clawloop per serving port on a cluster)."""
     return f"{cfg.ray.name or f'clawloop-{cfg.serve.port}'}-"
+
+
+def _reserved(num_cpus: float, num_gpus: float) -> dict[str, float]:
+    return {k: float(v) for k, v in (("CPU", num_cpus), ("GPU", num_gpus)) if v > 0}
 
 
 def _cpus(v: float) -> float:

@@ -512,6 +512,7 @@ class TrainerGroup:
                         "pid": info.get("pid"), "device": info.get("device"), "restarts": self.restarts,
                         "policy_version": self.version, "step": self.step_count,
                         "ray_name": self.ray_name(rank) if self.name_prefix else None,
+                        "resources": {k: float(v) for k, v in (("CPU", self.num_cpus), ("GPU", self.num_gpus)) if v > 0},
                         "last_error": self.last_error or None})
         return out
 

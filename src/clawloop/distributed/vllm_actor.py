@@ -169,6 +169,7 @@ class RayVLLMEngine(VLLMEngine):
         self.cluster_info: Any = None
         self.hosts: list[Any] = []
         self.host_names: list[str] = []
+        self.resources = {k: float(v) for k, v in (("CPU", num_cpus), ("GPU", num_gpus)) if v > 0}
         self.pg = reserve(replicas, num_cpus, num_gpus, placement, host_timeout_s, "vLLM replica")
         cls = ray.remote(VLLMHost)
         for i in range(replicas):
@@ -244,7 +245,8 @@ class RayVLLMEngine(VLLMEngine):
             actors.append({"name": f"engine-{r.index}", "role": "engine", "state": r.state,
                            "policy_version": r.version, "node_ip": info.get("node_ip", ""),
                            "node_id": info.get("node_id", ""), "pid": info.get("pid"), "url": r.url,
-                           "restarts": r.restarts, "ray_name": name or None, "last_error": r.last_error or None})
+                           "restarts": r.restarts, "ray_name": name or None, "resources": self.resources,
+                           "last_error": r.last_error or None})
         for src in self.actor_sources:
             try:
                 actors.extend(src())
