@@ -11,7 +11,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # One vLLM release for both builds, so the endpoints clawloop uses are the same on CPU and GPU.
 VLLM_VERSION ?= 0.32.0
 
-.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm test-ray sysdeps
+.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm test-ray test-browser sysdeps
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -61,7 +61,12 @@ sysdeps:
 	else echo "note: not root or no apt: install$$missing yourself for the sandboxed agent tracks"; fi
 
 test: $(DEVSTAMP) sysdeps
-	$(BIN)/python -m pytest tests -m "not vllm and not ray"
+	$(BIN)/python -m pytest tests -m "not vllm and not ray and not browser"
+
+# Headless chromium: the dashboard in a real browser and the GUI track (tests marked `browser`);
+# they skip with the reason when chromium or its driver is missing. Run by .ci/run.
+test-browser: $(DEVSTAMP) sysdeps
+	$(BIN)/python -m pytest tests -m browser
 
 # The Ray suite (tests/test_ray.py, marked `ray`): a private loopback cluster with engine and
 # trainer actors; about a minute on 2 cores, so kept out of `make test` and run by .ci/run.

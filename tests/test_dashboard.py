@@ -304,6 +304,7 @@ class Chromium:
         return path
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium; "
                                               "`make sysdeps` as root)")
 def test_the_page_in_a_real_browser(random_model_dir, tmp_path, monkeypatch):
@@ -361,6 +362,7 @@ def test_the_page_in_a_real_browser(random_model_dir, tmp_path, monkeypatch):
         store.close()
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
 def test_the_page_asks_for_a_key(make_gateway, tmp_path):
     g = make_gateway(serve__api_keys=["alice=sk-a"])

@@ -17,6 +17,7 @@ import pytest
 from clawloop.envs import gui
 from clawloop.envs.base import NOOP_MESSAGE, EnvOptions, assistant_tool_call, get_track
 
+pytestmark = pytest.mark.browser  # `make test-browser`
 WHY = {b: gui.missing_requirements(b) for b in gui.BACKENDS}
 needs = {b: pytest.mark.skipif(bool(WHY[b]), reason=f"gui track with {b} cannot run here: {WHY[b]}")
          for b in gui.BACKENDS}

@@ -16,7 +16,7 @@ from test_agent_rollout import _rollout
 from clawloop.envs import gui
 
 WHY = gui.missing_requirements("playwright")
-pytestmark = pytest.mark.skipif(bool(WHY), reason=f"gui track cannot run here: {WHY}")
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(bool(WHY), reason=f"gui track cannot run here: {WHY}")]
 
 
 @pytest.fixture
