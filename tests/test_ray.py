@@ -472,3 +472,40 @@ def test_e_judge_actors_serve_a_frozen_judge_and_are_listed(cluster, up, random_
     finally:
         server.stop()
         parts["store"].close()
+
+
+@_mark(*needs_ray)
+def test_f_train_service_runs_its_steps_on_a_data_parallel_group(cluster, random_model_dir, tmp_path, capsys):
+    """`clawloop train --ray ... --trainer-workers 2` on a store: the steps run on the actors, the run
+    ends with a checkpoint, and the group is gone afterwards (the cluster stays: it is not ours)."""
+    import signal
+
+    import ray
+
+    from clawloop.runtime import open_store
+    from clawloop.trainer import judge_name_of
+    from clawloop.trainer.service import run_trainer_service
+    from clawloop.trajectories import import_sessions
+    from test_train_standalone import _judge_all, _write_sessions
+
+    cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__rollout_batch_size="8",
+                   ray__mode="local", ray__name="trainsvc", ray__trainer_workers="2", ray__trainer_num_cpus="0.25")
+    data = tmp_path / "turns.jsonl"
+    _write_sessions(data, 20)
+    import_sessions(cfg, data)
+    store = open_store(cfg)
+    _judge_all(store, judge_name_of(cfg))
+    store.close()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert run_trainer_service(cfg, exit_when_idle=True) == 0
+    finally:
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+    out = capsys.readouterr().out
+    assert "2 trainer actor(s) x 0.25 CPU" in out and "trained 2 step(s) this run" in out, out
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    assert ray.is_initialized()  # the module's cluster is still connected
+    named = ray.util.list_named_actors(all_namespaces=True)  # [{"name", "namespace"}] of live actors
+    assert all(isinstance(a, dict) and "name" in a for a in named), named
+    assert not [a["name"] for a in named if a["name"].startswith("trainsvc-")], named

@@ -47,8 +47,8 @@ def connect(cfg: Any) -> dict[str, Any]:
     import ray
 
     r = cfg.ray
-    if ray.is_initialized():
-        return {"mode": r.mode, "started": False, "address": "(already connected)"}
+    if ray.is_initialized():  # (a test, or a host program that connected first: it disconnects, not us)
+        return {"mode": r.mode, "started": False, "owned": False, "address": "(already connected)"}
     env_vars = {"TOKENIZERS_PARALLELISM": "false"}
     for k in ("HF_HUB_OFFLINE", "CLAWLOOP_CACHE"):
         if os.environ.get(k):
@@ -89,17 +89,17 @@ class RayRuntime:
         self.info = connect(cfg)
         self.engine: Any = None
 
-    def roles(self, *, judge: bool, train: bool) -> list[tuple[str, int, str]]:
+    def roles(self, *, judge: bool, train: bool, engine: bool = True) -> list[tuple[str, int, str]]:
         """(role, actors, config key prefix) of what this process starts."""
         r, m = self.cfg.ray, self.cfg.model
-        out = [("engine", m.engine_replicas, "engine")]
+        out = [("engine", m.engine_replicas, "engine")] if engine else []
         if train and r.trainer_workers:
             out.append(("trainer", r.trainer_workers, "trainer"))
         if judge and r.judge_workers:
             out.append(("judge", r.judge_workers, "judge"))
         return out
 
-    def check_fit(self, *, judge: bool, train: bool) -> None:
+    def check_fit(self, *, judge: bool, train: bool, engine: bool = True) -> None:
         """Resolve the CPU reservations left on auto (-1), then check every reservation against the
         cluster's total: a local cluster that cannot hold them is a ConfigError naming the flags; an
         attached one may grow (autoscaler), so a warning.
@@ -112,7 +112,9 @@ class RayRuntime:
         from clawloop.config import ConfigError
 
         r = self.cfg.ray
-        roles = self.roles(judge=judge, train=train)
+        roles = self.roles(judge=judge, train=train, engine=engine)
+        if not roles:
+            return
         total = ray.cluster_resources()
         cpus = min(float(total.get("CPU", 0.0)), float(ray.available_resources().get("CPU", 0.0)))
         autos = [(role, n) for role, n, key in roles if getattr(r, f"{key}_num_cpus") < 0]
@@ -188,15 +190,15 @@ class RayRuntime:
             engine.actor_sources.append(lambda: [r.health() for r in jengine.replicas])
             self.judge_engine = jengine
 
-    def describe(self) -> str:
+    def describe(self, engine: bool = True) -> str:
         import ray
 
         res = ray.cluster_resources()
         nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
         r = self.cfg.ray
         return (f"ray {self.info['mode']} cluster at {self.info['address']} ({nodes} node(s), "
-                f"{res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU): {self.cfg.model.engine_replicas} engine "
-                f"actor(s) x {r.engine_num_cpus:g} CPU, "
+                f"{res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU): "
+                + (f"{self.cfg.model.engine_replicas} engine actor(s) x {r.engine_num_cpus:g} CPU, " if engine else "")
                 + (f"{r.trainer_workers} trainer actor(s) x {r.trainer_num_cpus:g} CPU" if r.trainer_workers
                    else "the trainer in this process")
                 + (f", {r.judge_workers} judge actor(s) x {r.judge_num_cpus:g} CPU" if r.judge_workers else ""))
@@ -205,7 +207,7 @@ class RayRuntime:
         """Leave the cluster (a local one stops with it). Actors were stopped by their owners."""
         import ray
 
-        if ray.is_initialized():
+        if ray.is_initialized() and self.info.get("owned", True):
             try:
                 ray.shutdown()
             except Exception as e:  # never turn a clean exit into a crash

@@ -442,8 +442,20 @@ async def run_judge_service(cfg: Any, stop: asyncio.Event | None = None) -> None
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
             pass
+    ray_rt = None
+    if getattr(cfg, "ray", None) is not None and cfg.ray.mode:  # `--judge frozen --judge-workers N` on Ray
+        from clawloop.distributed.ray_runtime import RayRuntime
+
+        ray_rt = RayRuntime(cfg)
+        ray_rt.check_fit(engine=False, judge=cfg.judge.kind == "frozen", train=False)
     store = Store(path)
-    judge = make_judge(cfg)
+    try:
+        judge = make_judge(cfg)
+    except BaseException:
+        store.close()
+        if ray_rt is not None:
+            ray_rt.close()
+        raise
     loop = JudgeLoop(store, judge, cfg.judge)
     print(f"clawloop judge: judge={loop.name} store={path} workers={cfg.judge.num_workers}", flush=True)
     reporter = asyncio.create_task(_report(loop, stop))
@@ -453,6 +465,8 @@ async def run_judge_service(cfg: Any, stop: asyncio.Event | None = None) -> None
         reporter.cancel()
         await judge.close()
         await asyncio.to_thread(store.close)
+        if ray_rt is not None:
+            ray_rt.close()
         for sig in installed:
             aloop.remove_signal_handler(sig)
         s = loop.stats()

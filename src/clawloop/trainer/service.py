@@ -4,7 +4,8 @@ store a serving box writes) or on a rollout buffer (`--source buffer`).
 Without a serving engine in the process there is nothing to publish to: the
 trained weights reach serving through checkpoints (`--save-interval`), which
 `clawloop up --resume-from-checkpoint DIR` serves. SIGINT/SIGTERM stop after
-the current step and write a checkpoint.
+the current step and write a checkpoint. With `--ray auto|local --trainer-workers
+N` the steps run on a data-parallel group of Ray actors (`distributed.trainer_group`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,24 @@ def run_trainer_service(cfg: Any, max_steps: int = 0, exit_when_idle: bool = Fal
 
             raise ConfigError(f"data_dir: no store at {store_path(cfg)} (start `clawloop up` or import data first)")
         store = open_store(cfg)
-    tl = build_loop(cfg, None, store)
+    ray_rt = None
+    if cfg.ray.mode:  # `--ray auto|local --trainer-workers N`: the data-parallel group as Ray actors
+        from clawloop.distributed.ray_runtime import RayRuntime
+
+        ray_rt = RayRuntime(cfg)
+    try:
+        if ray_rt is not None and cfg.ray.trainer_workers > 0:
+            from clawloop.distributed.trainer_group import build_ray_loop
+
+            ray_rt.check_fit(engine=False, judge=False, train=True)
+            tl = build_ray_loop(cfg, None, store)
+            print(f"clawloop train: {ray_rt.describe(engine=False)}", flush=True)
+        else:
+            tl = build_loop(cfg, None, store)
+    except BaseException:
+        if ray_rt is not None:
+            ray_rt.close()
+        raise
     stop = threading.Event()
 
     def on_signal(signum, frame):  # noqa: ARG001
@@ -66,9 +84,16 @@ def run_trainer_service(cfg: Any, max_steps: int = 0, exit_when_idle: bool = Fal
               f"{c['train/judged_seen']:.0f} judged read, {c['train/skipped_no_signal']:.0f} without signal, "
               f"{c['train/stale_dropped']:.0f} dropped as stale, {len(tl.pending)} waiting for a batch"
               + (f", cursor {tl.cursor}" if store is not None else ""), flush=True)
-        if tl.trainer.step_count > 0:
-            path = tl.checkpoint()
-            print(f"checkpoint {path}", flush=True)
-        if store is not None:
-            store.close()
+        try:
+            if tl.trainer.step_count > 0:
+                path = tl.checkpoint()
+                print(f"checkpoint {path}", flush=True)
+        finally:
+            if store is not None:
+                store.close()
+            if ray_rt is not None:
+                group = getattr(tl, "group", None)
+                if group is not None:
+                    group.shutdown()
+                ray_rt.close()
     return 0
