@@ -61,7 +61,7 @@ def connect(cfg: Any) -> dict[str, Any]:
                        _temp_dir=temp, _node_ip_address="127.0.0.1", namespace="clawloop",
                        configure_logging=False, log_to_driver=True, runtime_env={"env_vars": env_vars})
         return {"mode": "local", "started": True, "address": ctx.address_info.get("gcs_address", ""),
-                "temp_dir": temp}
+                "temp_dir": temp, "own_temp_dir": not r.temp_dir}
     # The cluster's address: RAY_ADDRESS, else the `ray_current_cluster` file `ray start` wrote in its
     # --temp-dir (--ray-temp-dir here; default /tmp/ray). Ray picks up the cluster's auth token
     # (~/.ray/auth_token) only when it finds the address itself, so "auto" is what is passed; an
@@ -212,3 +212,8 @@ class RayRuntime:
                 ray.shutdown()
             except Exception as e:  # never turn a clean exit into a crash
                 log.warning("ray.shutdown: %s", e)
+                return
+            if self.info.get("own_temp_dir"):  # a clean stop: the local cluster's session folder goes too
+                import shutil
+
+                shutil.rmtree(self.info["temp_dir"], ignore_errors=True)
