@@ -626,24 +626,11 @@ class RayTrainerLoop(TrainerLoop):
         record["recover_s"] = time.perf_counter() - t0
         self.recoveries.append(record)
 
-    def _publish(self) -> None:
-        t0 = time.perf_counter()
-        version = self.group.version
-        before = self.engine.policy_version
-        try:
-            if hasattr(self.engine, "weights_ref"):  # engine actors: they read the object store themselves
-                weights: Any = self.group.served_weights_ref()
-            else:  # the vLLM engine writes the weights to DATA_DIR/weights/vN for its servers
-                weights = self.group.publish_payload(getattr(self.engine, "accepts_lora_adapters", False))
-            self._await_engine(self.engine.publish(weights, version))
-        except Exception:
-            self.counts["publish_failures"] += 1
-            raise
-        self.last_publish_s = time.perf_counter() - t0
-        self.counts["publishes"] += 1
-        if self.engine.policy_version != version or (version != before and self.engine.policy_version == before):
-            log.warning("publish of v%d did not advance the served version (still v%d)", version,
-                        self.engine.policy_version)
+    def publish_payload(self) -> Any:
+        if hasattr(self.engine, "weights_ref"):  # engine actors: they read the object store themselves
+            return self.group.served_weights_ref()
+        # the vLLM engine writes the weights to DATA_DIR/weights/vN for its servers
+        return self.group.publish_payload(getattr(self.engine, "accepts_lora_adapters", False))
 
     def checkpoint(self) -> Path:
         p = self.group.save(self.save_dir, self.cursor, {"newest_version": self.newest_version},

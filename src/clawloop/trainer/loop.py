@@ -279,16 +279,19 @@ class TrainerLoop:
             return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
         return asyncio.run(coro)
 
+    def publish_payload(self) -> Any:
+        """What `engine.publish` gets: the LoRA adapter when the engine takes adapters, else the
+        merged full weights."""
+        if self.trainer.use_lora and getattr(self.engine, "accepts_lora_adapters", False):
+            return self.trainer.lora_adapter()
+        return self.trainer.served_state_dict()
+
     def _publish(self) -> None:
         t0 = time.perf_counter()
-        if self.trainer.use_lora and getattr(self.engine, "accepts_lora_adapters", False):
-            weights: Any = self.trainer.lora_adapter()
-        else:
-            weights = self.trainer.served_state_dict()
         version = self.trainer.version
         before = self.engine.policy_version
         try:
-            self._await_engine(self.engine.publish(weights, version))
+            self._await_engine(self.engine.publish(self.publish_payload(), version))
         except Exception:
             self.counts["publish_failures"] += 1
             raise
