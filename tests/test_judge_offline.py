@@ -27,7 +27,7 @@ def test_offline_accuracy_on_packaged_set():
     rows = load_eval_set()
     preds = asyncio.run(evaluate(OfflineJudge(), rows))
     acc = sum(p == r["label"] for p, r in zip(preds, rows)) / len(rows)
-    assert acc >= 0.9, f"offline judge accuracy {acc:.3f} < 0.9"
+    assert acc >= 0.95, f"offline judge accuracy {acc:.3f} < 0.95"
 
 
 def _user(text):
