@@ -249,6 +249,22 @@ def cmd_swe(argv: list[str]) -> int:
     return make_tasks(argv[1:]) or 0
 
 
+def gate_line(g: dict[str, Any]) -> str:
+    """The publish gate's state in one line, from /health's `gate` (the trainer's gate/* stats)."""
+    if not g.get("size"):
+        return "publish gate: nothing to check (pass --regression-set FILE): versions are published unchecked"
+    groups = sorted(k[len("baseline/"):] for k in g if k.startswith("baseline/"))
+    if "last_checked_version" not in g:
+        return (f"publish gate: {g['size']:.0f} checks, baseline " + ", ".join(f"{x} {g[f'baseline/{x}']:.3f}"
+                                                                              for x in groups)
+                + f" (tolerance {g.get('tolerance', 0):.3f}); no candidate checked yet")
+    verdict = "passed" if g.get("last_passed") else "REFUSED"
+    scores = ", ".join(f"{x} {g.get(f'score/{x}', float('nan')):.3f}/{g[f'baseline/{x}']:.3f}" for x in groups)
+    return (f"publish gate: v{g['last_checked_version']:.0f} {verdict} (score/baseline {scores}, tolerance "
+            f"{g.get('tolerance', 0):.3f}); {g.get('refused', 0):.0f} of {g.get('candidates', 0):.0f} candidates "
+            f"refused; last check {g.get('last_check_s', 0):.2f} s")
+
+
 def cmd_status(argv: list[str]) -> int:
     import json
 
@@ -272,6 +288,8 @@ def cmd_status(argv: list[str]) -> int:
         return 0 if h.get("status") == "ok" else 1
     print(f"{a.url}: {h.get('status')}  policy v{h.get('policy_version')}  backend {h.get('backend', 'hf')}  "
           f"inflight {h.get('inflight', 0)}")
+    if h.get("gate"):
+        print("  " + gate_line(h["gate"]))
     actors = h.get("actors") or h.get("replicas") or []
     if actors:
         cols = ("name", "role", "state", "node_ip", "pid", "resources", "policy_version", "restarts", "ray_name",

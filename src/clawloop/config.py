@@ -228,6 +228,29 @@ class TrainConfig:
 
 
 @dataclass
+class GateConfig:
+    """The publish gate (trainer/gate.py): a trained version is scored on a regression set before it is served."""
+
+    enabled: bool = opt(True, "Score every trained version on the regression set before it is published; a version "
+                              "that loses more than --regression-tolerance is not served and the trainer goes back to "
+                              "the last published weights. --no-publish-gate turns it off.", flags=("--publish-gate",))
+    regression_set: str = opt("", "Your own checks: a JSONL file, one per line, a prompt (\"prompt\" or \"messages\") "
+                                  "and one checker: \"answer\" (the exact reply), \"regex\" or \"check\" "
+                                  "(file.py:fn or pkg.module:fn, fn(reply, case) -> bool | float); see "
+                                  "examples/regression_set.jsonl.", flags=("--regression-set",))
+    tolerance: float = opt(0.05, "Most a group of checks may lose against its score at start (absolute, 0.05 = 5 "
+                                 "points of pass rate) before a version is refused.",
+                           flags=("--regression-tolerance",))
+    builtin: str = opt("auto", "The built-in checks (held-out arithmetic and style instructions, what the tiny model "
+                               "could do at start): auto (on for the embedded tiny model, off for other models), on, "
+                               "off.", flags=("--gate-builtin",), choices=("auto", "on", "off"))
+    builtin_checks: int = opt(64, "Built-in checks per group (arithmetic, instructions).")
+    max_tokens: int = opt(24, "Longest reply to a check, in tokens (greedy decoding); a regression-set line may set "
+                              "its own max_tokens.")
+    batch_size: int = opt(64, "Checks generated at once on the trainer's model.")
+
+
+@dataclass
 class BufferConfig:
     host: str = opt("127.0.0.1", "Rollout buffer bind address.", flags=("--buffer-host",))
     port: int = opt(8889, "Rollout buffer port.", flags=("--buffer-port",))
@@ -365,6 +388,7 @@ class Config:
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -375,7 +399,7 @@ REFUSED = {
 }
 
 ENV_FLAG_STRINGS = ("ROLLOUT_ARGS", "OPTIMIZER_ARGS", "LORA_ARGS", "CKPT_ARGS")
-SECTIONS = ("model", "serve", "capture", "judge", "train", "buffer", "env", "ray")
+SECTIONS = ("model", "serve", "capture", "judge", "train", "gate", "buffer", "env", "ray")
 
 
 @dataclass
@@ -629,6 +653,7 @@ def validate(cfg: Config) -> None:
     need(cfg.train.source != "buffer" or bool(cfg.train.buffer_url), "train.buffer_url",
          "--source buffer needs --buffer-url")
     validate_train(cfg.train, need)
+    validate_gate(cfg.gate, need)
     need(0.0 <= cfg.buffer.min_group_ratio <= 1.0, "buffer.min_group_ratio", "must be in [0, 1]")
     need(cfg.serve.max_body_bytes > 0, "serve.max_body_bytes", "must be > 0")
     need(cfg.serve.max_concurrent_generations >= 1, "serve.max_concurrent_generations", "must be >= 1")
@@ -678,6 +703,16 @@ def validate_train(t: TrainConfig, need: Any) -> None:
     need(t.teacher != "model" or bool(t.teacher_model), "train.teacher_model", "--teacher model needs --teacher-model PATH")
     need(not t.teacher_model or t.teacher == "model", "train.teacher",
          f"--teacher-model is given, but --teacher is {t.teacher!r}; drop one of them")
+
+
+def validate_gate(g: GateConfig, need: Any) -> None:
+    """The gate section's rules; `need(ok, key, why)` raises a ConfigError naming the key."""
+    need(0.0 <= g.tolerance <= 1.0, "gate.tolerance", f"must be in [0, 1] (a pass-rate difference), got {g.tolerance}")
+    need(g.builtin_checks >= 1, "gate.builtin_checks", "must be >= 1")
+    need(g.max_tokens >= 1, "gate.max_tokens", "must be >= 1")
+    need(g.batch_size >= 1, "gate.batch_size", "must be >= 1")
+    need(not g.regression_set or Path(g.regression_set).is_file(), "gate.regression_set",
+         f"no such file {g.regression_set!r} (--regression-set)")
 
 
 def validate_ray(cfg: Config, need: Any) -> None:

@@ -273,7 +273,27 @@ function renderCards(st) {
     card("trainer", training ? num(x["train/steps"]) + " steps" : st.train.method,
       training ? `loss ${num(x["train/loss"])} · cursor ${num(st.train.cursor)}` : "not running in this process"),
   ];
+  if (x["gate/size"] !== undefined) cards.push(gateCard(x));
   document.getElementById("cards").replaceChildren(...cards);
+}
+
+function gateCard(x) {   // the trainer's publish gate (trainer/gate.py): last candidate, score vs baseline, refusals
+  if (!x["gate/size"]) return card("publish gate", "unchecked", "nothing to check: pass --regression-set FILE", "card-gate");
+  const base = `baseline ${num(x["gate/baseline"])} ± ${num(x["gate/tolerance"])}`;
+  if (x["gate/last_checked_version"] === undefined)
+    return card("publish gate", `${num(x["gate/size"])} checks`, `${base} · no candidate yet`, "card-gate");
+  const passed = x["gate/last_passed"] === 1;
+  // the tolerance applies per group: show the group that lost most against its baseline
+  const groups = Object.keys(x).filter(k => k.startsWith("gate/score/")).map(k => k.slice("gate/score/".length));
+  const drop = g => (x["gate/baseline/" + g] ?? 0) - x["gate/score/" + g];
+  const worst = groups.reduce((a, g) => (a === null || drop(g) > drop(a) ? g : a), null);
+  const scored = worst === null ? `score ${num(x["gate/score"])} vs ${base}`
+    : `${worst} ${num(x["gate/score/" + worst])} vs baseline ${num(x["gate/baseline/" + worst])} ± ${num(x["gate/tolerance"])}`;
+  const c = card("publish gate", `v${x["gate/last_checked_version"]} ${passed ? "passed" : "refused"}`,
+    `${scored} · ${num(x["gate/refused"])} of ${num(x["gate/candidates"])} refused · ${secs(x["gate/last_check_s"])}`,
+    "card-gate");
+  c.classList.add(passed ? "gate-passed" : "gate-refused");
+  return c;
 }
 
 function verdictChips(r) {   // how many +1, 0 and −1 verdicts
@@ -327,7 +347,7 @@ function renderCharts() {
     chart("Steps and policy version", { series: [line("train steps", raw("train/steps"), 0), line("policy version", raw("engine/policy_version"), 1)], zero: true }),
     chart("Publishing (stall per publish)", { series: [line("trainer publish", raw("train/last_publish_s"), 0, { fmt: secs }),
       line("engine swap", raw("engine/last_publish_s"), 1, { fmt: secs })], zero: true,
-      legend: [["failed", "train/publish_failures"], ["stale batches dropped", "train/stale_dropped"]].map(([label, key]) => {
+      legend: [["failed", "train/publish_failures"], ["stale batches dropped", "train/stale_dropped"], ["refused by the gate", "gate/refused"]].map(([label, key]) => {
         const p = raw(key);
         return p.length ? h("span", {}, `${label} `, h("b", {}, num(p[p.length - 1][1]))) : null;
       }) }, "no publish yet"),

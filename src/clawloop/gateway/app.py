@@ -836,6 +836,9 @@ def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: lis
         if hasattr(engine, "health"):  # engines with replicas: each one's state; degraded when one is down
             body.update(engine.health())
             body["policy_version"] = engine.policy_version
+        gate = {k[len("gate/"):]: v for k, v in gw.all_stats().items() if k.startswith("gate/")}
+        if gate:  # the trainer's publish gate (trainer/gate.py): what it checked, refused, scored
+            body["gate"] = gate
         code = 503 if body["status"] == "unavailable" else 200
         return JSONResponse(body, status_code=code, headers={"X-Policy-Version": str(engine.policy_version)})
 

@@ -6,8 +6,10 @@
 The page (`clawloop/dashboard/`: index.html, app.js, style.css) is plain HTML and
 JavaScript with hand-drawn SVG charts: no build step, no CDN, nothing from the
 network but this server, and it reads nothing but the endpoints below. It shows the
-served policy version and serving figures, the sessions (newest first) and each
-one's turns with the judge's verdict and whether the trainer has consumed it,
+served policy version and serving figures, the publish gate's last verdict (the
+trainer's `gate/*` stats: candidate version, score against baseline, refusals),
+the sessions (newest first) and each one's turns with the judge's verdict and
+whether the trainer has consumed it,
 judge and trainer charts over time, the rollout buffer (when `clawloop up --buffer
 URL` attached one) and the learning curves `clawloop demo` / `clawloop eval` post.
 `#/session/<id>` opens a session directly.

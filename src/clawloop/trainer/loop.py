@@ -30,9 +30,15 @@ engine that can sleep (vLLM: `sleep()` frees its weights and KV cache,
 `wake_up()` brings them back) sleeps through each train step and wakes before
 the publish; requests that arrive meanwhile wait, none is refused.
 
+Publish gate (`gate.py`, `gate=`): before each publish the candidate is scored
+on the regression set on this thread, while the engine keeps serving the last
+published version; a refused candidate is not published and the trainer is
+rolled back to the last published weights (its batch stays consumed).
+
 Loud failures: a warning (and `train/*` metrics) when nearly every judged turn
 carries no signal, when samples are dropped as stale, and when a publish did
-not advance the served version.
+not advance the served version; a warning and `gate/*` metrics per refused
+version.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from clawloop.trainer.checkpoint import (
     weights_fingerprint,
 )
 from clawloop.trainer.core import Trainer
+from clawloop.trainer.gate import PublishGate
 from clawloop.trainer.hints import hint_candidates
 
 log = logging.getLogger(__name__)
@@ -84,7 +91,8 @@ def engine_can_sleep(engine: Any) -> bool:
 
 class TrainerLoop:
     def __init__(self, cfg: Any, trainer: Trainer, store: Any | None, engine: Any | None, judge_name: str,
-                 *, loop: asyncio.AbstractEventLoop | None = None, buffer_source: Any | None = None):
+                 *, loop: asyncio.AbstractEventLoop | None = None, buffer_source: Any | None = None,
+                 gate: PublishGate | None = None):
         self.cfg = cfg
         self.tc = cfg.train
         self.trainer = trainer
@@ -93,6 +101,8 @@ class TrainerLoop:
         self.judge_name = judge_name
         self.loop = loop
         self.buffer = buffer_source
+        self.gate = gate
+        """Scores each candidate before it is published (None: every version is published)."""
         self.save_dir = Path(self.tc.save_dir or Path(cfg.data_dir) / "checkpoints")
         self.cursor = store.get_cursor(CURSOR) if store is not None else 0
         """Committed: every judgement id <= cursor was trained on or skipped (what is saved)."""
@@ -131,6 +141,8 @@ class TrainerLoop:
         self.newest_version = int(state.get("newest_version", 0))
         if self.buffer is not None:
             self.pending = load_pending_samples(path)
+        if self.gate is not None:
+            self.gate.restore(state.get("gate"))
         self._saved_cursor = -1
         self._save_cursor()
         self.resumed_from = str(path)
@@ -248,7 +260,7 @@ class TrainerLoop:
         self.counts["steps"] += 1
         self.last_step_at = time.time()
         if self.engine is not None and self.trainer.step_count % max(1, self.tc.publish_interval) == 0:
-            self._publish()
+            self.publish_weights()
         if self.tc.save_interval and self.trainer.step_count % self.tc.save_interval == 0:
             self.checkpoint()
         return True
@@ -286,6 +298,16 @@ class TrainerLoop:
             return self.trainer.lora_adapter()
         return self.trainer.served_state_dict()
 
+    def publish_weights(self) -> bool:
+        """Publish the trainer's weights if the gate admits them (a refused candidate is rolled back to
+        the last published weights by the gate); returns whether they were published."""
+        if self.gate is not None and not self.gate.check(self.trainer):
+            return False
+        self._publish()
+        if self.gate is not None:
+            self.gate.keep(self.trainer)
+        return True
+
     def _publish(self) -> None:
         t0 = time.perf_counter()
         version = self.trainer.version
@@ -303,7 +325,8 @@ class TrainerLoop:
 
     def checkpoint(self) -> Path:
         p = save_checkpoint(self.trainer, self.save_dir, cursor=self.cursor,
-                            extra={"newest_version": self.newest_version},
+                            extra={"newest_version": self.newest_version,
+                                   **({"gate": self.gate.state()} if self.gate is not None else {})},
                             pending=self.pending if self.buffer is not None else None)
         self.counts["checkpoints"] += 1
         return p
@@ -325,4 +348,6 @@ class TrainerLoop:
         if self.store is not None:
             out["train/cursor"] = float(self.cursor)
             out["train/read_cursor"] = float(self.read_cursor)
+        if self.gate is not None:
+            out.update(self.gate.stats())
         return out

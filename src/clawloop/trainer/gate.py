@@ -1,0 +1,472 @@
+"""The publish gate: a trained version is scored on a regression set before the engine serves it.
+
+Online RL from user feedback can forget: a judge that rewards the wrong thing, a
+burst of adversarial users or a learning rate too high, and the next version
+answers worse than the one served. The gate sits between a train step and
+`engine.publish`: the candidate weights are scored on a fixed set of checks
+and published only when no group of checks lost more than `gate.tolerance`
+against the score the served model had at start (the *baseline*).
+
+Where it runs: in the trainer thread, on the trainer's own model (which holds
+the candidate weights; under LoRA with its adapter on), before `_publish`.
+Serving is never blocked: requests keep being answered by the last published
+version meanwhile, and the engine kind (hf, vLLM, full weights or adapters)
+does not matter. Greedy decoding, `gate.max_tokens` per reply, `gate.batch_size`
+checks per `generate` call, prompts rendered by the gateway's own renderer.
+
+What it checks (`gate_checks`):
+- the built-in set (`gate.builtin`, on by default for the embedded tiny model,
+  whose corpus says what it can do): held-out arithmetic (right result, any
+  answer style; the pairs never occur in its corpus) and instruction following
+  (asked for an answer style by an instruction in the system message, the user
+  message or a hint, the reply is in that style). Other models have no such
+  corpus, so `auto` leaves it off for them;
+- the user's `--regression-set FILE` (JSONL, one check per line, see
+  `load_regression_set` and examples/regression_set.jsonl): a prompt and one
+  checker, an exact answer, a regex, or a function by path.
+With neither (another model without --regression-set) the gate has nothing to
+score: it says so once at start and in /health, and publishes unchecked.
+
+Scores: per group (`arithmetic`, `instructions`, the file's `group` values,
+default `user`), the mean of its checks (a check scores 1/0, or a function's
+float in [0, 1]). A candidate is refused when any group's score is more than
+`tolerance` (absolute) below that group's baseline. The baseline is measured
+once, on the weights served at start, and kept in every checkpoint, so a
+restart does not reset it to whatever it resumed.
+
+On refusal the trainer is rolled back to the last published version: its
+trainable weights, the AdamW state and its version counter (CPU copies taken
+at every publish: megabytes under LoRA, the weights plus twice them for the
+optimizer under full fine-tuning). Why roll back rather than keep training
+from the refused weights: (1) users are safe either way, but from the refused
+weights every later candidate starts from the damage and tends to be refused
+too, so serving freezes while the trainer drifts further; from the last good
+weights the next batch of feedback gets a fresh chance, so learning goes on;
+(2) the served version produces the training data, and the PPO ratio and TIS
+weights compare the trainer with it: after a rollback they are the same
+weights again instead of an ever larger off-policy gap. The batch that produced
+the refused version is consumed (its cursor committed) and not trained again.
+
+Visible: a warning per refusal, `gate/*` metrics in the trainer loop's stats
+(so /metrics, the dashboard and `clawloop status` through /health).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import math
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clawloop.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+KEY = "gate.regression_set"
+FLAG = "--regression-set"
+BUILTIN_SEED = 27
+"""Seed of the built-in checks' held-out questions (fixed: the baseline must be comparable across restarts)."""
+
+
+@dataclass
+class Check:
+    """One regression prompt and how its reply is scored."""
+
+    group: str
+    messages: list[dict[str, Any]]
+    score: Callable[[str], float]
+    """reply -> score in [0, 1]."""
+    max_tokens: int
+    source: str
+    """Where it comes from (`builtin:arithmetic:3`, `file.jsonl:7`), for messages and the set's fingerprint."""
+    tools: list[dict[str, Any]] | None = None
+
+
+# -- the built-in set (the tiny model) -------------------------------------------------------------
+def is_tiny_model(model_path: str | Path) -> bool:
+    """Whether `model_path` is a build of the embedded tiny model (its build_info.json names it)."""
+    info = Path(model_path) / "build_info.json"
+    try:
+        return str(json.loads(info.read_text()).get("name", "")).startswith("tiny-chat")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def builtin_checks(n: int, max_tokens: int, seed: int = BUILTIN_SEED) -> list[Check]:
+    """`n` arithmetic checks (the reply holds the right result, any style) and `n` instruction checks
+    (the reply is in the style an instruction asked for; every style and placement in turn)."""
+    from clawloop.tinymodel import corpus
+
+    questions = corpus.heldout_questions(4 * n, seed=seed)  # add, add, sub, fact, ...
+    arith = [q for q in questions if q["skill"] != "fact"][:n]
+    out = [Check("arithmetic", [{"role": "user", "content": q["question"]}], _answer_is(q["answer"]), max_tokens,
+                 f"builtin:arithmetic:{i}") for i, q in enumerate(arith)]
+    rng = random.Random(f"gate-{seed}")
+    for i, q in enumerate(questions[:n]):
+        style = corpus.STYLES[i % len(corpus.STYLES)]
+        placement = corpus.PLACEMENTS[i % len(corpus.PLACEMENTS)]  # 5 styles x 4 placements: all 20 pairs
+        msgs = corpus.instruct(q["question"], corpus.style_instruction(style, rng), placement)
+        out.append(Check("instructions", msgs, _fits(style), max_tokens, f"builtin:instructions:{i}"))
+    return out
+
+
+def _answer_is(answer: str) -> Callable[[str], float]:
+    from clawloop.tinymodel.corpus import extract_answer
+
+    return lambda reply: float(extract_answer(reply) == answer.lower())
+
+
+def _fits(style: str) -> Callable[[str], float]:
+    from clawloop.tinymodel.corpus import fits_style
+
+    return lambda reply: float(fits_style(reply, style))
+
+
+# -- the user's set ---------------------------------------------------------------------------------
+CHECKERS = ("answer", "regex", "check")
+
+
+def load_regression_set(path: str | Path, max_tokens: int) -> list[Check]:
+    """The checks of a JSONL file, one object per line (blank lines skipped):
+
+        {"prompt": "What is 12+7?", "answer": "19"}                   the reply, stripped, is exactly this
+        {"messages": [...], "regex": "(?i)\\\\bparis\\\\b"}             re.search finds it in the reply
+        {"prompt": "...", "check": "checks.py:polite"}                fn(reply, case) -> bool | float in [0, 1]
+
+    The prompt is `prompt` (a user message, after an optional `system`) or `messages`; optional
+    `tools`, `group` (default "user": the tolerance applies per group), `max_tokens`. `check` is a
+    function by path, as every plugin flag takes it (`file.py:fn`, `pkg.module:fn`); `fn(reply)` works
+    too, and `case` is the line's object. Anything wrong is a ConfigError naming gate.regression_set
+    and the line."""
+    from clawloop.plugins import PluginError, accepts, describe, load_callable
+
+    p = Path(path)
+    try:
+        lines = p.read_text().splitlines()
+    except OSError as e:
+        raise ConfigError(f"{KEY}: cannot read {str(p)!r} ({FLAG}): {e.strerror or e}") from None
+    out: list[Check] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{KEY}: {p}:{n}"
+        try:
+            case = json.loads(line)
+        except ValueError as e:
+            raise ConfigError(f"{where}: not a JSON object: {e}") from None
+        if not isinstance(case, dict):
+            raise ConfigError(f"{where}: not a JSON object")
+        if "messages" in case:
+            msgs = case["messages"]
+            if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "role" in m for m in msgs)):
+                raise ConfigError(f"{where}: messages must be a non-empty list of {{role, content}} objects")
+        elif isinstance(case.get("prompt"), str):
+            msgs = ([{"role": "system", "content": str(case["system"])}] if case.get("system") else [])
+            msgs.append({"role": "user", "content": case["prompt"]})
+        else:
+            raise ConfigError(f"{where}: give the prompt as \"prompt\" (a string) or \"messages\"")
+        given = [k for k in CHECKERS if k in case]
+        if len(given) != 1:
+            raise ConfigError(f"{where}: give exactly one checker of {', '.join(CHECKERS)}, got "
+                              f"{', '.join(given) or 'none'}")
+        kind = given[0]
+        if kind == "answer":
+            want = str(case["answer"]).strip()
+            score: Callable[[str], float] = lambda reply, want=want: float(reply.strip() == want)
+        elif kind == "regex":
+            try:
+                rx = re.compile(str(case["regex"]))
+            except re.error as e:
+                raise ConfigError(f"{where}: regex {case['regex']!r} does not compile: {e}") from None
+            score = lambda reply, rx=rx: float(rx.search(reply) is not None)
+        else:
+            what = f"{FLAG} ({where}) check"
+            fn = load_callable(str(case["check"]), what=what)
+            if accepts(fn, 2):
+                score = _function_score(fn, case, two=True)
+            elif accepts(fn, 1):
+                score = _function_score(fn, case, two=False)
+            else:
+                raise PluginError(f"{what}: {describe(fn)} does not match fn(reply, case) or fn(reply)")
+        mt = case.get("max_tokens", max_tokens)
+        if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
+            raise ConfigError(f"{where}: max_tokens must be a positive integer, got {mt!r}")
+        tools = case.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise ConfigError(f"{where}: tools must be a list of tool definitions")
+        out.append(Check(str(case.get("group", "user")), msgs, score, mt, f"{p.name}:{n}:{kind}", tools))
+    if not out:
+        raise ConfigError(f"{KEY}: {p} holds no checks")
+    return out
+
+
+def _function_score(fn: Callable[..., Any], case: dict[str, Any], *, two: bool) -> Callable[[str], float]:
+    def score(reply: str) -> float:
+        v = fn(reply, case) if two else fn(reply)
+        v = float(v)
+        if not math.isfinite(v):
+            raise ValueError(f"returned {v}")
+        return min(1.0, max(0.0, v))
+
+    return score
+
+
+def gate_checks(cfg: Any, model_path: str | Path) -> list[Check] | None:
+    """What the gate scores under `cfg` (None: the gate is off). Loaded at startup, so a bad file or
+    checker stops `clawloop up` before it serves."""
+    g = cfg.gate
+    if not g.enabled:
+        return None
+    checks: list[Check] = []
+    if g.builtin == "on" or (g.builtin == "auto" and is_tiny_model(model_path)):
+        checks += builtin_checks(g.builtin_checks, g.max_tokens)
+    if g.regression_set:
+        checks += load_regression_set(g.regression_set, g.max_tokens)
+    return checks
+
+
+# -- scoring ----------------------------------------------------------------------------------------
+def generate_replies(model: torch.nn.Module, tokenizer: Any, checks: list[Check], *, batch_size: int,
+                     autocast_dtype: torch.dtype | None = None) -> list[str]:
+    """Greedy replies of `model` to every check (prompts rendered as the gateway renders them), in
+    batches of checks with the same `max_tokens`, left-padded."""
+    from transformers import GenerationConfig
+
+    from clawloop.gateway.render import render_prompt
+
+    device = next(model.parameters()).device
+    prompts = [render_prompt(tokenizer, c.messages, c.tools) for c in checks]
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None) or tokenizer.eos_token_id
+    stops = set(eos) if isinstance(eos, list) else {eos}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops)
+    order = sorted(range(len(checks)), key=lambda i: (checks[i].max_tokens, len(prompts[i])))
+    chunks = [(mt, rows[k:k + batch_size])
+              for mt, group in itertools.groupby(order, key=lambda i: checks[i].max_tokens)
+              for rows in [list(group)] for k in range(0, len(rows), batch_size)]
+    replies = [""] * len(checks)
+    for mt, chunk in chunks:
+        width = max(len(prompts[j]) for j in chunk)
+        ids = torch.tensor([[pad] * (width - len(prompts[j])) + prompts[j] for j in chunk], device=device)  # (B, T)
+        attn = torch.tensor([[0] * (width - len(prompts[j])) + [1] * len(prompts[j]) for j in chunk], device=device)
+        gc = GenerationConfig(max_new_tokens=mt, do_sample=False, eos_token_id=eos, pad_token_id=pad)
+        ctx = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
+               else contextlib.nullcontext())
+        with torch.no_grad(), ctx:
+            out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gc)  # (B, T + new)
+        for j, row in zip(chunk, out[:, width:].tolist()):
+            end = next((k for k, t in enumerate(row) if t in stops), len(row))  # then only padding follows
+            replies[j] = tokenizer.decode(row[:end], skip_special_tokens=True).strip()
+    return replies
+
+
+def score_checks(checks: list[Check], replies: list[str]) -> dict[str, float]:
+    """The mean score per group; a checker that raises scores 0 (and is logged)."""
+    per: dict[str, list[float]] = {}
+    for c, reply in zip(checks, replies):
+        try:
+            s = float(c.score(reply))
+        except Exception as e:  # a user's checker: its bug fails the check, on every version alike
+            log.warning("publish gate: check %s raised %s: %s (scored 0)", c.source, type(e).__name__, e)
+            s = 0.0
+        per.setdefault(c.group, []).append(s)
+    return {g: sum(v) / len(v) for g, v in per.items()}
+
+
+def set_fingerprint(checks: list[Check]) -> str:
+    """Names one regression set (prompts, limits, sources): a saved baseline is reused only for the same set."""
+    h = hashlib.sha256()
+    for c in checks:
+        h.update(json.dumps([c.group, c.source, c.messages, c.tools, c.max_tokens], sort_keys=True,
+                            default=str).encode())
+    return h.hexdigest()[:16]
+
+
+# -- rollback ---------------------------------------------------------------------------------------
+def _cpu_copy(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", copy=True)
+    if isinstance(x, dict):
+        return {k: _cpu_copy(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cpu_copy(v) for v in x)
+    return x
+
+
+class Snapshot:
+    """The trainer at its last published version: trainable weights (and offloaded masters), AdamW
+    state and version counter, as CPU copies."""
+
+    def __init__(self, trainer: Any):
+        with torch.no_grad():
+            self.params = [p.detach().to("cpu", copy=True) for p in trainer.params]
+            masters = getattr(trainer, "masters", None)
+            self.masters = None if masters is None else [m.detach().to("cpu", copy=True) for m in masters]
+        self.opt_state = _cpu_copy(trainer.opt.state_dict())
+        self.version = int(trainer.version)
+
+    def restore(self, trainer: Any) -> None:
+        with torch.no_grad():
+            for p, s in zip(trainer.params, self.params):
+                p.copy_(s)
+            if self.masters is not None:
+                for m, s in zip(trainer.masters, self.masters):
+                    m.copy_(s)
+        # a copy: load_state_dict may keep the tensors it is given, and AdamW updates its state in place
+        trainer.opt.load_state_dict(_cpu_copy(self.opt_state))
+        trainer.opt.zero_grad(set_to_none=True)
+        trainer.version = self.version
+
+
+# -- the gate ---------------------------------------------------------------------------------------
+@dataclass
+class Verdict:
+    version: int
+    scores: dict[str, float]
+    passed: bool
+    seconds: float
+    worst: str = ""
+    """The group that lost most against its baseline."""
+
+
+class PublishGate:
+    """Scores candidates on `checks` against the baseline; rolls a refused one back (module docstring)."""
+
+    def __init__(self, checks: list[Check], tolerance: float, *, batch_size: int = 64):
+        self.checks = checks
+        self.tolerance = float(tolerance)
+        self.batch_size = batch_size
+        self.fingerprint = set_fingerprint(checks)
+        self.baseline: dict[str, float] = {}
+        self.snapshot: Snapshot | None = None
+        self.last: Verdict | None = None
+        self.counts = {"candidates": 0, "passed": 0, "refused": 0, "consecutive_refusals": 0}
+        self.baseline_s = self.last_snapshot_s = self.last_rollback_s = 0.0
+
+    @classmethod
+    def from_config(cls, cfg: Any, checks: list[Check]) -> "PublishGate":
+        return cls(checks, cfg.gate.tolerance, batch_size=cfg.gate.batch_size)
+
+    @property
+    def active(self) -> bool:
+        """False when there is nothing to check: every version is published unchecked."""
+        return bool(self.checks)
+
+    def score(self, trainer: Any) -> dict[str, float]:
+        """The trainer model's score per group, as it is now (eval mode for the check, restored after)."""
+        model = trainer.model
+        was_training = model.training
+        model.eval()
+        try:
+            replies = generate_replies(model, trainer.tokenizer, self.checks, batch_size=self.batch_size,
+                                       autocast_dtype=getattr(trainer, "autocast_dtype", None))
+        finally:
+            model.train(was_training)
+        return score_checks(self.checks, replies)
+
+    # -- the loop's calls --------------------------------------------------------
+    def restore(self, saved: dict[str, Any] | None) -> None:
+        """Take the baseline a checkpoint kept (only if it was measured on this same set)."""
+        if saved and saved.get("fingerprint") == self.fingerprint and saved.get("baseline"):
+            self.baseline = {str(k): float(v) for k, v in saved["baseline"].items()}
+            log.info("publish gate: baseline from the checkpoint: %s", _fmt(self.baseline))
+
+    def begin(self, trainer: Any, model_name: str = "") -> None:
+        """At start, on the weights served: measure the baseline (unless a checkpoint gave it) and take
+        the first rollback point."""
+        if not self.active:
+            log.warning("publish gate: nothing to check for %s (the built-in checks are the tiny model's; pass "
+                        "%s FILE, see examples/regression_set.jsonl): versions are published unchecked",
+                        model_name or "this model", FLAG)
+            return
+        if not self.baseline:
+            t0 = time.perf_counter()
+            self.baseline = self.score(trainer)
+            self.baseline_s = time.perf_counter() - t0
+            log.info("publish gate: baseline of v%d on %d checks: %s (%.2f s); tolerance %.3f", trainer.version,
+                     len(self.checks), _fmt(self.baseline), self.baseline_s, self.tolerance)
+        self.keep(trainer)
+
+    def check(self, trainer: Any) -> bool:
+        """Score the trainer's candidate; True: publish it. False: it was refused and the trainer is back
+        at the last published version."""
+        if not self.active:
+            return True
+        t0 = time.perf_counter()
+        scores = self.score(trainer)
+        drops = {g: self.baseline.get(g, 0.0) - s for g, s in scores.items()}
+        worst = max(drops, key=lambda g: drops[g])
+        passed = all(d <= self.tolerance + 1e-9 for d in drops.values())
+        self.last = Verdict(int(trainer.version), scores, passed, time.perf_counter() - t0, worst)
+        self.counts["candidates"] += 1
+        if passed:
+            self.counts["passed"] += 1
+            self.counts["consecutive_refusals"] = 0
+            log.info("publish gate: v%d passed: %s (baseline %s)", trainer.version, _fmt(scores), _fmt(self.baseline))
+            return True
+        self.counts["refused"] += 1
+        self.counts["consecutive_refusals"] += 1
+        candidate, step = trainer.version, trainer.step_count
+        self.roll_back(trainer)
+        log.warning("publish gate: refused candidate v%d (step %d): %s %.3f vs baseline %.3f (tolerance %.3f); "
+                    "still serving v%d, the trainer goes on from it (%d refused in a row)", candidate, step, worst,
+                    scores[worst], self.baseline.get(worst, 0.0), self.tolerance, trainer.version,
+                    self.counts["consecutive_refusals"])
+        return False
+
+    def keep(self, trainer: Any) -> None:
+        """The trainer's weights are published: they are the rollback point now."""
+        if not self.active:
+            return
+        t0 = time.perf_counter()
+        self.snapshot = Snapshot(trainer)
+        self.last_snapshot_s = time.perf_counter() - t0
+
+    def roll_back(self, trainer: Any) -> None:
+        if self.snapshot is None:
+            raise RuntimeError("publish gate: no rollback point (begin() was not called)")
+        t0 = time.perf_counter()
+        self.snapshot.restore(trainer)
+        self.last_rollback_s = time.perf_counter() - t0
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the baseline and the set it was measured on."""
+        return {"fingerprint": self.fingerprint, "baseline": dict(self.baseline)}
+
+    def stats(self) -> dict[str, float]:
+        out = {"gate/size": float(len(self.checks)), "gate/tolerance": self.tolerance,
+               **{f"gate/{k}": float(v) for k, v in self.counts.items()}}
+        if not self.active:
+            return out
+        if self.baseline:
+            out["gate/baseline"] = _mean(self.baseline)
+            out.update({f"gate/baseline/{g}": v for g, v in self.baseline.items()})
+            out["gate/baseline_s"] = self.baseline_s
+        if self.last is not None:
+            out["gate/score"] = _mean(self.last.scores)
+            out.update({f"gate/score/{g}": v for g, v in self.last.scores.items()})
+            out["gate/last_checked_version"] = float(self.last.version)
+            out["gate/last_passed"] = float(self.last.passed)
+            out["gate/last_check_s"] = self.last.seconds
+            out["gate/last_snapshot_s"] = self.last_snapshot_s
+            out["gate/last_rollback_s"] = self.last_rollback_s
+        return out
+
+
+def _mean(scores: dict[str, float]) -> float:
+    """The groups' mean (each group counts once, whatever its size)."""
+    return sum(scores.values()) / len(scores) if scores else 0.0
+
+
+def _fmt(scores: dict[str, float]) -> str:
+    return ", ".join(f"{g} {v:.3f}" for g, v in sorted(scores.items()))

@@ -1,0 +1,386 @@
+"""The publish gate (trainer/gate.py): the regression set's checkers, the built-in checks of the
+tiny model, a passing candidate published and a refused one rolled back (weights, AdamW state,
+version; under LoRA with the adapter on), and end to end: users whose reward plugin pays for WRONG
+answers drive training at a high learning rate through the real gateway, judge loop and trainer,
+and the served model stays the one that was right: no version past the start is published, the
+refusals are counted on /metrics, /health, the dashboard's JSON and `clawloop status`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import textwrap
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from clawloop.config import ConfigError, load_config
+from clawloop.trainer.gate import (
+    Check,
+    PublishGate,
+    builtin_checks,
+    gate_checks,
+    is_tiny_model,
+    load_regression_set,
+    score_checks,
+)
+from conftest import ServerThread, make_cfg
+
+CHECKS_PY = '''
+def exact_19(reply, case):
+    return reply == case["want"]
+
+def half(reply):
+    return 0.5
+
+def three(a, b, c):
+    return 1
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny_dir():
+    from clawloop.tinymodel.build import default_model_dir
+
+    d = default_model_dir()
+    assert is_tiny_model(d), d
+    return d
+
+
+def _write(tmp_path, lines, name="set.jsonl"):
+    p = tmp_path / name
+    p.write_text("\n".join(json.dumps(x) if not isinstance(x, str) else x for x in lines) + "\n")
+    return p
+
+
+# -- checkers ------------------------------------------------------------------------------------------
+def test_checkers_exact_regex_and_functions_by_path(tmp_path, monkeypatch):
+    (tmp_path / "checks.py").write_text(CHECKS_PY)
+    (tmp_path / "gatepkg").mkdir()
+    (tmp_path / "gatepkg" / "__init__.py").write_text("")
+    (tmp_path / "gatepkg" / "mod.py").write_text(CHECKS_PY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    f = _write(tmp_path, [
+        {"prompt": "What is 12+7?", "answer": "19"},
+        {"prompt": "Capital of France?", "regex": r"(?i)\bparis\b", "group": "facts"},
+        "",  # blank lines are skipped
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}],
+         "check": f"{tmp_path / 'checks.py'}:exact_19", "want": "19", "max_tokens": 5},
+        {"system": "Be brief.", "prompt": "q", "check": "gatepkg.mod:half", "group": "partial"},
+    ])
+    checks = load_regression_set(f, max_tokens=24)
+    assert [c.group for c in checks] == ["user", "facts", "user", "partial"]
+    assert [c.max_tokens for c in checks] == [24, 24, 5, 24]
+    assert checks[3].messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"}]
+    assert [c.score(r) for c, r in zip(checks, [" 19 ", "It is Paris.", "19", "x"])] == [1.0, 1.0, 1.0, 0.5]
+    assert [c.score(r) for c, r in zip(checks, ["19.", "Parisian", "19 ", "y"])] == [0.0, 0.0, 0.0, 0.5]
+    # group means; a checker that raises scores 0 on that check instead of stopping the trainer
+    boom = Check("user", [], lambda r: 1 / 0, 8, "boom")
+    assert score_checks(checks + [boom], ["19", "Paris", "no", "x", "x"]) == {"user": pytest.approx(1 / 3),
+                                                                            "facts": 1.0, "partial": 0.5}
+
+
+@pytest.mark.parametrize("line,words", [
+    ({"prompt": "q", "check": "no_such_file.py:fn"}, ["no such file", "no_such_file.py"]),
+    ({"prompt": "q", "check": "CHECKS:missing"}, ["has no attribute 'missing'", "exact_19"]),
+    ({"prompt": "q", "check": "CHECKS:three"}, ["fn(reply, case) or fn(reply)"]),
+    ({"prompt": "q", "check": "no_such_pkg_xyz.mod:fn"}, ["cannot import module"]),
+    ({"prompt": "q"}, ["exactly one checker", "none"]),
+    ({"prompt": "q", "answer": "1", "regex": "1"}, ["exactly one checker", "answer, regex"]),
+    ({"prompt": "q", "regex": "(unclosed"}, ["does not compile"]),
+    ({"answer": "1"}, ["\"prompt\""]),
+    ({"prompt": "q", "answer": "1", "max_tokens": 0}, ["max_tokens"]),
+    ("not json", ["not a JSON object"]),
+])
+def test_a_bad_line_names_the_key_the_file_and_the_line(tmp_path, line, words):
+    (tmp_path / "checks.py").write_text(CHECKS_PY)
+    if isinstance(line, dict) and "check" in line:
+        line = {**line, "check": line["check"].replace("CHECKS", str(tmp_path / "checks.py"))}
+    f = _write(tmp_path, [{"prompt": "fine", "answer": "1"}, line])
+    with pytest.raises(ConfigError) as e:
+        load_regression_set(f, max_tokens=8)
+    msg = str(e.value)
+    assert "gate.regression_set" in msg and f"{f.name}:2" in msg, msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_config_keys_and_the_default_sets(tmp_path, tiny_dir, random_model_dir):
+    with pytest.raises(ConfigError, match="gate.regression_set: no such file"):
+        load_config({"gate__regression_set": str(tmp_path / "missing.jsonl")}, env={})
+    with pytest.raises(ConfigError, match="gate.tolerance"):
+        load_config({"gate__tolerance": "-0.1"}, env={})
+    empty = _write(tmp_path, [""], "empty.jsonl")
+    with pytest.raises(ConfigError, match="gate.regression_set: .*holds no checks"):
+        gate_checks(load_config({"gate__regression_set": str(empty)}, env={}), tiny_dir)
+    cfg = load_config({}, env={})
+    assert cfg.gate.enabled and cfg.gate.tolerance == 0.05 and cfg.gate.builtin == "auto"
+    # the tiny model: held-out arithmetic and instruction following; another model: nothing built in
+    checks = gate_checks(cfg, tiny_dir)
+    assert [sum(c.group == g for c in checks) for g in ("arithmetic", "instructions")] == [64, 64]
+    assert gate_checks(cfg, random_model_dir) == []
+    assert len(gate_checks(load_config({"gate__builtin": "on"}, env={}), random_model_dir)) == 128
+    assert gate_checks(load_config({"gate__enabled": "false"}, env={}), tiny_dir) is None
+    user = _write(tmp_path, [{"prompt": "q", "answer": "a"}])
+    assert [c.group for c in gate_checks(load_config({"gate__regression_set": str(user)}, env={}),
+                                         random_model_dir)] == ["user"]
+    # the built-in arithmetic questions are held out of the tiny model's corpus
+    from clawloop.tinymodel.corpus import is_heldout
+
+    assert all(is_heldout(c.messages[-1]["content"]) for c in builtin_checks(16, 8) if c.group == "arithmetic")
+
+
+# -- publish and roll back -----------------------------------------------------------------------------
+def _arith_samples(tok, reinforce_right: bool, n=8):
+    """Replies to held-out sums, half right and half wrong (by 7); reward +1 for the kind to reinforce,
+    -1 for the other (so any RL baseline leaves a signal)."""
+    from clawloop.gateway.render import render_prompt
+    from clawloop.records import Sample
+    from clawloop.tinymodel.corpus import heldout_questions
+
+    out = []
+    for i, q in enumerate([q for q in heldout_questions(4 * n, seed=3) if q["skill"] == "add"][:n]):
+        prompt = render_prompt(tok, [{"role": "user", "content": q["question"]}], None)
+        right = i % 2 == 0
+        resp = tok.encode(f"The answer is {int(q['answer']) + (0 if right else 7)}.", add_special_tokens=False)
+        resp.append(tok.eos_token_id)
+        out.append(Sample(tokens=prompt + resp, loss_mask=[0] * len(prompt) + [1] * len(resp),
+                          rollout_logprobs=[0.0] * len(prompt) + [-1.0] * len(resp), prompt_len=len(prompt),
+                          reward=1.0 if right == reinforce_right else -1.0))
+    return out
+
+
+def set_lr(trainer, lr):
+    for g in trainer.opt.param_groups:
+        g["lr"] = lr
+
+
+def _state(trainer):
+    return ([p.detach().clone() for p in trainer.params],
+            {k: {n: t.clone() for n, t in v.items()} for k, v in trainer.opt.state_dict()["state"].items()})
+
+
+def _same(a, b):
+    (pa, sa), (pb, sb) = a, b
+    return all(torch.equal(x, y) for x, y in zip(pa, pb)) and sa.keys() == sb.keys() and all(
+        torch.equal(sa[k][n], sb[k][n]) for k in sa for n in sa[k])
+
+
+def test_a_passing_version_is_published_and_a_damaging_one_is_rolled_back(tiny_dir, tmp_path):
+    from clawloop.engines.hf import HFEngine
+    from clawloop.trainer import Trainer, TrainerLoop
+
+    cfg = make_cfg(tiny_dir, tmp_path, train__method="binary", train__lr="2e-3", train__device="cpu",
+                   gate__builtin_checks="16")
+    trainer = Trainer(cfg, str(tiny_dir))
+    engine = HFEngine(tiny_dir, device="cpu", dtype="float32")
+    gate = PublishGate.from_config(cfg, gate_checks(cfg, tiny_dir))
+    tl = TrainerLoop(cfg, trainer, None, engine, "offline", gate=gate)
+    gate.begin(trainer)
+    assert gate.baseline["instructions"] == 1.0 and gate.baseline["arithmetic"] >= 0.8
+
+    async def main():
+        await engine.start()
+        try:
+            run = asyncio.get_running_loop().run_in_executor
+            # a small step towards right answers keeps what the model knows: v1 is published
+            set_lr(trainer, 1e-5)
+            trainer.step(_arith_samples(trainer.tokenizer, reinforce_right=True))
+            assert await run(None, tl.publish_weights) is True
+            assert engine.policy_version == 1 and gate.counts == {"candidates": 1, "passed": 1, "refused": 0,
+                                                                  "consecutive_refusals": 0}
+            published = _state(trainer)
+            # big steps towards wrong sums: a candidate that lost arithmetic is refused, the trainer is back at v1
+            set_lr(trainer, 2e-3)
+            for _ in range(3):
+                trainer.step(_arith_samples(trainer.tokenizer, reinforce_right=False))
+            assert trainer.version == 4 and not _same(_state(trainer), published)
+            assert await run(None, tl.publish_weights) is False
+            return gate.stats(), published
+        finally:
+            await engine.stop()
+
+    stats, published = asyncio.run(main())
+    assert engine.policy_version == 1 and trainer.version == 1 and trainer.step_count == 4
+    assert _same(_state(trainer), published)  # weights and AdamW moments of v1, not a copy drifting along
+    assert stats["gate/refused"] == 1 and stats["gate/last_passed"] == 0 and stats["gate/last_checked_version"] == 4
+    assert stats["gate/score/arithmetic"] < stats["gate/baseline/arithmetic"] - cfg.gate.tolerance
+    # the baseline rides in checkpoints: a restart compares with the start, not with what it resumed
+    assert tl.stats()["gate/candidates"] == 2
+    path = tl.checkpoint()
+    saved = json.loads((path / "trainer_state.json").read_text())["gate"]
+    again = PublishGate.from_config(cfg, gate_checks(cfg, tiny_dir))
+    again.restore(saved)
+    assert again.baseline == gate.baseline
+    other = PublishGate(builtin_checks(4, 8), 0.05)
+    other.restore(saved)
+    assert other.baseline == {}  # measured on another set: not reused
+
+
+def test_lora_is_checked_with_its_adapter_on_and_rolled_back(tiny_dir, tmp_path):
+    from clawloop.trainer import Trainer
+
+    cfg = make_cfg(tiny_dir, tmp_path, train__method="binary", train__use_lora="true", train__lora_rank="4",
+                   train__device="cpu", gate__builtin_checks="8")
+    trainer = Trainer(cfg, str(tiny_dir))
+    gate = PublishGate.from_config(cfg, gate_checks(cfg, tiny_dir))
+    gate.begin(trainer)
+    before = _state(trainer)
+    with torch.no_grad():  # a damaging adapter: only the adapter's weights change
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    assert trainer.model.training
+    assert gate.check(trainer) is False  # scored with the adapter on: the damage shows
+    assert trainer.model.training  # the check put the model back in train mode
+    assert _same(_state(trainer), before)
+    assert gate.check(trainer) is True  # back at the published adapter: passes again
+
+
+# -- end to end ----------------------------------------------------------------------------------------
+WRONG_RM = '''
+import re
+
+def reward(turn):
+    """+1 for a WRONG sum, -1 for a right one: feedback that teaches the model to forget arithmetic."""
+    q = next(m["content"] for m in reversed(turn.messages) if m["role"] == "user")
+    a, op, b = re.search(r"(\\d+)\\s*([+-])\\s*(\\d+)", q).groups()
+    right = int(a) + int(b) if op == "+" else int(a) - int(b)
+    nums = re.findall(r"-?\\d+", turn.response_text or "")
+    return -1.0 if nums and int(nums[-1]) == right else 1.0
+'''
+
+
+def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_dir, tmp_path):
+    import openai
+
+    from clawloop import cli
+    from clawloop.engines.hf import HFEngine
+    from clawloop.runtime import build_app
+    from clawloop.tinymodel.corpus import extract_answer, heldout_questions
+
+    rm = tmp_path / "wrong_rm.py"
+    rm.write_text(textwrap.dedent(WRONG_RM))
+    cfg = make_cfg(tiny_dir, tmp_path / "data", judge__custom_rm_path=f"{rm}:reward", judge__poll_interval_s=0.1,
+                   train__method="binary", train__lr="2e-3", train__rollout_batch_size="8", train__device="cpu",
+                   gate__builtin_checks="16")
+    eng = HFEngine(tiny_dir, device="cpu", dtype="float32", max_batch_size=16, max_model_len=1024)
+    app, parts = build_app(cfg, judge=True, train=True, engine=eng)
+    server = ServerThread(app).start()
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        probe = [q for q in heldout_questions(40, seed=11) if q["skill"] != "fact"][:16]
+
+        def correctness() -> tuple[float, set[str]]:
+            right, versions = 0, set()
+            for q in probe:
+                r = client.chat.completions.with_raw_response.create(
+                    model="m", messages=[{"role": "user", "content": q["question"]}], max_tokens=12, temperature=0)
+                versions.add(r.headers["x-policy-version"])
+                right += extract_answer(r.parse().choices[0].message.content) == q["answer"]
+            return right / len(probe), versions
+
+        deadline = time.time() + 60
+        while "trainer" not in parts or parts["trainer"].gate.snapshot is None:  # baseline measured
+            assert time.time() < deadline, "the trainer did not start"
+            time.sleep(0.1)
+        v0 = eng.policy_version
+        before, _ = correctness()
+        assert before >= 0.6
+
+        questions = [q for q in heldout_questions(120, seed=21) if q["skill"] != "fact"]
+        stop, errors = threading.Event(), []
+
+        def user(k: int) -> None:  # sampled answers, right and wrong, each a closed session (judged at once)
+            i = k
+            while not stop.is_set():
+                try:
+                    client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": questions[i % len(questions)]["question"]}],
+                        max_tokens=12, temperature=1.0, extra_headers={"X-Session-Id": f"u{k}-{i}",
+                                                                       "X-Session-Done": "1"})
+                except Exception as e:  # noqa: BLE001
+                    errors.append(repr(e))
+                i += 4
+
+        users = [threading.Thread(target=user, args=(k,), daemon=True) for k in range(4)]
+        for t in users:
+            t.start()
+        tl = parts["trainer"]
+        deadline = time.time() + 120
+        try:
+            while tl.gate.counts["refused"] < 2:
+                assert time.time() < deadline, (tl.stats(), tl.error)
+                assert tl.error is None, tl.error
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            for t in users:
+                t.join(timeout=60)
+        assert not errors, errors[:3]
+        tl.stop(checkpoint=False)  # between two iterations: a candidate was either published or rolled back
+
+        stats = tl.stats()
+        assert stats["train/steps"] >= 2 and stats["gate/candidates"] >= 2
+        # Only candidates that passed were served (a batch whose rewards cancel out changes nothing and
+        # passes); each refused one was rolled back, so versions are not burnt and the trainer is at the
+        # served version. The refused ones had really lost arithmetic.
+        passed = int(stats["gate/passed"])
+        assert eng.policy_version == v0 + passed == tl.trainer.version
+        assert passed < stats["gate/candidates"] and stats["gate/refused"] >= 2
+        assert stats["gate/score/arithmetic"] < stats["gate/baseline/arithmetic"] - cfg.gate.tolerance
+        after, versions = correctness()
+        assert versions == {str(eng.policy_version)}
+        assert after == before if passed == 0 else after >= before - 2 / len(probe), (before, after)
+
+        health = httpx.get(server.url + "/health").json()
+        assert health["gate"]["refused"] >= 2 and health["gate"]["last_passed"] == 0
+        metrics = httpx.get(server.url + "/metrics").text
+        assert "clawloop_gate_refused" in metrics and "clawloop_gate_baseline_arithmetic" in metrics
+        shown = httpx.get(server.url + "/api/status").json()["stats"]
+        assert shown["gate/refused"] >= 2 and shown["gate/size"] == 32
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            cli.main(["status", "--url", server.url])
+        line = next(x for x in out.getvalue().splitlines() if "publish gate" in x)
+        assert "REFUSED" in line and "arithmetic" in line and "candidates refused" in line, line
+    finally:
+        server.stop()
+        parts["store"].close()
+
+
+def test_clawloop_up_refuses_a_bad_regression_set_before_it_serves(tmp_path, random_model_dir):
+    """`attach_trainer` (what `clawloop up` calls while it builds the app, before uvicorn starts) loads
+    the checks: a checker that does not load is a config error naming the key, not a dead trainer thread."""
+    from clawloop.trainer import attach_trainer
+
+    f = _write(tmp_path, [{"prompt": "q", "check": "nowhere.py:fn"}])
+    cfg = make_cfg(random_model_dir, tmp_path / "d", gate__regression_set=str(f))
+    background: list = []
+    with pytest.raises(ConfigError, match=r"gate.regression_set: .*set.jsonl:1.*nowhere.py"):
+        attach_trainer(cfg, None, None, {}, [], background)
+    assert background == []
+
+
+def test_the_example_regression_set_passes_on_the_tiny_model(tiny_dir, tmp_path, monkeypatch):
+    """examples/regression_set.jsonl as the README shows it (paths relative to the repository), scored
+    on the tiny model: every group at 1.0 (lines with their own max_tokens batch apart)."""
+    from pathlib import Path
+
+    from clawloop.trainer import Trainer
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    cfg = make_cfg(tiny_dir, tmp_path, train__device="cpu", gate__regression_set="examples/regression_set.jsonl",
+                   gate__builtin="off")
+    checks = gate_checks(cfg, tiny_dir)
+    assert {c.source.split(":")[-1] for c in checks} == {"answer", "regex", "check"}
+    assert len({c.max_tokens for c in checks}) == 2
+    gate = PublishGate.from_config(cfg, checks)
+    assert gate.score(Trainer(cfg, str(tiny_dir))) == {"arithmetic-exact": 1.0, "arithmetic": 1.0, "facts": 1.0,
+                                                       "style": 1.0}
