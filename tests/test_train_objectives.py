@@ -23,7 +23,11 @@ ANSWERS = ["19", "The answer is 7.", "42", "blue", "It is 18.", "hello there, fr
 def trainer_for(model_dir, tmp_path, **flags):
     from clawloop.trainer import Trainer
 
-    cfg = make_cfg(model_dir, tmp_path, **{"train__method": "binary", "train__lr": "1e-3", **flags})
+    # the raw-score objective these hand-worked numbers are written for (the default baseline, negative weight
+    # and OPD target are tested in tests/test_learning_safety.py)
+    raw = {"train__baseline": "none", "train__negative_weight": "1", "train__opd_target": "advantage",
+           "train__opd_credit": "all"}
+    cfg = make_cfg(model_dir, tmp_path, **{"train__method": "binary", "train__lr": "1e-3", **raw, **flags})
     return Trainer(cfg, str(model_dir))
 
 
@@ -166,7 +170,8 @@ def test_topk_distillation_collects_the_teacher_on_the_hinted_prompt_and_learns(
     from clawloop.gateway.render import render_prompt
     from clawloop.trainer import teacher_messages
 
-    tr = trainer_for(random_model_dir, tmp_path, train__method="opd", train__distill_topk="8", train__lr="1e-2")
+    tr = trainer_for(random_model_dir, tmp_path, train__method="opd", train__distill_topk="8", train__lr="1e-2",
+                     train__opd_target="topk")
     samples = samples_for(tr.tokenizer, n=4, hint="Answer with just the number.")
     sig = tr.teacher_signals(samples, ["Answer with just the number."] * 4)
     s = samples[2]
@@ -183,13 +188,15 @@ def test_topk_distillation_collects_the_teacher_on_the_hinted_prompt_and_learns(
 
     other = build_random_model(tmp_path / "teacher", layers=1, hidden=32, seed=3)
     tr = trainer_for(random_model_dir, tmp_path, train__method="opd", train__distill_topk="8", train__lr="1e-2",
+                     train__opd_target="topk",
                      train__teacher_model=str(other))
     kls = [tr.step(samples)["train/topk_kl"] for _ in range(8)]
     assert all(math.isfinite(k) for k in kls) and kls[-1] < 0.5 * kls[0], kls
 
 
 def test_topk_inside_combine_adds_to_the_rl_term(random_model_dir, tmp_path):
-    tr = trainer_for(random_model_dir, tmp_path, train__method="combine", train__distill_topk="4")
+    tr = trainer_for(random_model_dir, tmp_path, train__method="combine", train__distill_topk="4",
+                     train__opd_target="topk")
     samples = samples_for(tr.tokenizer, n=4, hint="Answer with just the number.")
     st = tr.step(samples)
     assert st["train/combine_rl_frac"] == 1.0 and st["train/combine_opd_frac"] == 0.0  # OPD is the top-K term
@@ -258,7 +265,8 @@ def test_teacher_model_is_another_model_with_the_same_vocabulary(random_model_di
 
     other = build_random_model(tmp_path / "teacher", layers=1, hidden=32, seed=5)
     cfg = load_config({"model__path": str(random_model_dir), "data_dir": str(tmp_path),
-                       "train__teacher_model": str(other), "train__method": "opd"}, env={})
+                       "train__teacher_model": str(other), "train__method": "opd", "train__opd_target": "advantage"},
+                      env={})
     assert cfg.train.teacher == "model"  # --teacher-model alone says it
     from clawloop.trainer import Trainer
 

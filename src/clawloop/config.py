@@ -165,7 +165,9 @@ class TrainConfig:
     num_steps_per_rollout: int = opt(1, "Optimizer updates per batch, as in slime: the batch is cut into N "
                                         "mini-batches, old logprobs are taken before the first update, so the PPO "
                                         "clip acts from the second update on.", flags=("--num-steps-per-rollout",))
-    lr: float = opt(1e-5, "AdamW learning rate.", flags=("--lr",))
+    lr: float = opt(0.0, "AdamW learning rate. 0: by the trained parameters' count (`trainer.core.auto_lr`): 2e-4 "
+                         "under 10 M (the shipped tiny model), 1e-5 above (full fine-tuning of a real model), 1e-4 for "
+                         "a LoRA adapter.", flags=("--lr",))
     weight_decay: float = opt(0.0, "AdamW weight decay.", flags=("--weight-decay",))
     adam_beta1: float = opt(0.9, "AdamW beta1.", flags=("--adam-beta1",))
     adam_beta2: float = opt(0.98, "AdamW beta2.", flags=("--adam-beta2",))
@@ -178,6 +180,17 @@ class TrainConfig:
     fixed_denominator_tokens: int = opt(256, "--loss-agg fixed-denominator: the step's loss is divided by samples x "
                                              "this (Dr. GRPO: the longest response allowed), not by its token count.",
                                         flags=("--fixed-denominator-tokens",))
+    baseline: str = opt("mean", "RL baseline for ungrouped samples (live turns): mean (the leave-one-out mean of the "
+                        "last --baseline-window judged rewards is subtracted) or none (the raw reward: a stream of "
+                        "mostly -1 pushes down every sampled token).",
+                        flags=("--baseline",), choices=("mean", "none"))
+    negative_weight: float = opt(0.0, "Weight of a negative advantage on an ungrouped sample (a live turn): a -1 "
+                                 "says 'not this' but not where, and spread over every token it pushes down the "
+                                 "uncertain right ones (the digits of a right result in the wrong form); with a "
+                                 "teacher (opd, combine) the OPD term says where. 1: as it is.",
+                                 flags=("--negative-weight",))
+    baseline_window: int = opt(256, "How many recent rewards the mean baseline averages: every judged turn the "
+                                    "trainer read, trained on or not.", flags=("--baseline-window",))
     w_rl: float = opt(1.0, "Weight of the RL term (the score, or a rollout group's advantage).")
     w_opd: float = opt(1.0, "Weight of the OPD term (teacher - old advantage, or the top-K KL).")
     teacher: str = opt("frozen", "OPD teacher, given the hinted prompt: frozen (the base weights; under LoRA the "
@@ -187,12 +200,27 @@ class TrainConfig:
                              "policy's tokenizer. Sets --teacher model.", flags=("--teacher-model",))
     opd_clip: float = opt(0.0, "OPD: bound |teacher - old| logprob per token before it becomes an advantage (0: off).",
                           flags=("--opd-clip",))
-    distill_topk: int = opt(0, "OPD as top-K distillation: reverse KL to the teacher's K most likely tokens plus a "
-                            "tail bin, instead of the token-level advantage (0: off).", flags=("--distill-topk",))
+    opd_credit: str = opt("divergence", "OPD: which response tokens the teacher's view reaches. divergence: up to "
+                          "the first token the teacher would not pick itself (its top-1), never pushing down a token "
+                          "it would pick; later tokens get 0, since a teacher reading a response that left its path "
+                          "is no evidence about the rest. all: every token (OPD as published).",
+                          flags=("--opd-credit",), choices=("divergence", "all"))
+    opd_target: str = opt("topk", "What the OPD term teaches: topk (reverse KL to the hinted teacher's K most "
+                          "likely tokens plus a tail bin, K = --distill-topk), nucleus (the student's mass on the "
+                          "teacher's top-p nucleus: the teacher vetoes, the student keeps its own preferences inside), "
+                          "advantage (teacher - old logprob as a per-token advantage, OPD as published).",
+                          flags=("--opd-target",), choices=("topk", "nucleus", "advantage"))
+    opd_nucleus_p: float = opt(0.9, "--opd-target nucleus: the teacher's nucleus holds this much of its probability.",
+                               flags=("--opd-nucleus-p",))
+    distill_topk: int = opt(0, "How many of the teacher's most likely tokens it reports per position (K for "
+                            "--opd-target topk, the cap of the nucleus for nucleus); 0: 16.", flags=("--distill-topk",))
     hint_selection: str = opt("longest", "Which of a turn's hints the teacher sees: longest, or overlap (the one whose "
                               "teacher distribution puts the most mass on the student's top-K tokens).",
                               flags=("--hint-selection",), choices=("longest", "overlap"))
     hint_overlap_topk: int = opt(20, "--hint-selection overlap: how many of the student's top tokens are compared.")
+    anchor_coef: float = opt(0.0, "Anchor: coefficient of a full-distribution KL to the base weights on the response "
+                             "positions the learning signal does not name (every position of a sample without an RL "
+                             "advantage except its OPD divergence point). 0: off.", flags=("--anchor-coef",))
     kl_coef: float = opt(0.0, "KL-to-reference coefficient (0: off).", flags=("--kl-coef", "--kl-loss-coef"))
     kl_type: str = opt("low_var_kl", "KL estimator.", flags=("--kl-loss-type",),
                        choices=("k1", "k2", "k3", "low_var_kl"))
@@ -648,7 +676,7 @@ def validate(cfg: Config) -> None:
     need(cfg.judge.max_tokens >= 1, "judge.max_tokens", "must be >= 1")
     need(cfg.judge.max_malformed >= 0, "judge.max_malformed", "must be >= 0 (0: retry forever)")
     need(cfg.train.rollout_batch_size >= 1, "train.rollout_batch_size", "must be >= 1")
-    need(cfg.train.lr > 0, "train.lr", "must be > 0")
+    need(cfg.train.lr >= 0, "train.lr", "must be > 0, or 0 for the rate by model size")
     need(cfg.train.dual_clip == 0 or cfg.train.dual_clip > 1, "train.dual_clip", "must be 0 (off) or > 1")
     need(cfg.train.source != "buffer" or bool(cfg.train.buffer_url), "train.buffer_url",
          "--source buffer needs --buffer-url")
@@ -695,7 +723,13 @@ def validate_train(t: TrainConfig, need: Any) -> None:
     need(t.fixed_denominator_tokens >= 1, "train.fixed_denominator_tokens", "must be >= 1")
     need(t.max_staleness >= 0, "train.max_staleness", "must be >= 0")
     need(t.opd_clip >= 0, "train.opd_clip", "must be >= 0 (0: off)")
+    need(t.baseline_window >= 0, "train.baseline_window", "must be >= 0")
+    need(0 <= t.negative_weight <= 1, "train.negative_weight", "must be in [0, 1]")
     need(t.distill_topk >= 0, "train.distill_topk", "must be >= 0 (0: off)")
+    need(t.opd_target != "advantage" or t.distill_topk == 0, "train.distill_topk",
+         "does nothing with --opd-target advantage (the per-token advantage uses no top-K); use --opd-target topk")
+    need(0 < t.opd_nucleus_p <= 1, "train.opd_nucleus_p", "must be in (0, 1]")
+    need(t.anchor_coef >= 0, "train.anchor_coef", "must be >= 0 (0: off)")
     need(t.distill_topk == 0 or t.method in ("opd", "combine"), "train.distill_topk",
          f"top-K distillation is the OPD term: it needs --method opd or combine, not {t.method}")
     need(t.hint_overlap_topk >= 1, "train.hint_overlap_topk", "must be >= 1")

@@ -215,9 +215,9 @@ def run_personas(a: argparse.Namespace, client_for: Any) -> dict[str, Any]:
             url = base_url(a.url)
         else:
             data = str(Path(a.data_dir or tempfile.mkdtemp(prefix="clawloop-eval-")) / persona.name)
-            flags = ["--method", a.method, "--rollout-batch-size", str(a.batch_size), "--lr", str(a.lr),
-                     "--judge", "offline", "--seed", str(a.seed), "--no-serve-status",
-                     "--capture-session-idle-timeout-s", "30"]
+            flags = ["--method", a.method, "--rollout-batch-size", str(a.batch_size),
+                     *(["--lr", str(a.lr)] if a.lr is not None else []), "--judge", "offline",
+                     "--seed", str(a.seed), "--no-serve-status", "--capture-session-idle-timeout-s", "30"]
             server = Server(flags + (["--model-path", a.model_path[0]] if a.model_path else []) + a.up_args, data)
             url = server.url
             print(f"eval: {persona.name}: clawloop up on {url} (data {data})", flush=True)
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-unsandboxed", action="store_true")
     ap.add_argument("--method", default="combine", choices=("binary", "opd", "combine"))
     ap.add_argument("--batch-size", type=int, default=16, help="--rollout-batch-size of the started clawloop up.")
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--lr", type=float, default=None, help="--lr of the started clawloop up (default: its own).")
     ap.add_argument("--settle-s", type=float, default=10.0)
     ap.add_argument("--max-minutes", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=0)

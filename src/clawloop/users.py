@@ -315,6 +315,17 @@ def free_port() -> int:
     return p
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it dies (Linux), so a killed
+    eval or demo leaves no `clawloop up` behind; elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class Server:
     """`clawloop up|serve FLAGS` on a free loopback port in a child process; `stop()` sends SIGINT (graceful)."""
 
@@ -325,7 +336,7 @@ class Server:
                *flags]
         Path(data_dir).mkdir(parents=True, exist_ok=True)
         self.log = open(Path(data_dir) / f"{command}.log", "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
                                      env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
         deadline = time.time() + timeout_s
         while time.time() < deadline:

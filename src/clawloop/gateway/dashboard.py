@@ -133,7 +133,7 @@ HISTORY_KEYS = (
     "train/steps", "train/loss", "train/pg_loss", "train/score_mean", "train/combine_adv_mean",
     "train/opd_adv_mean", "train/zero_adv_frac", "train/grad_norm", "train/pending_samples",
     "train/skipped_no_signal", "train/stale_dropped", "train/publishes", "train/publish_failures",
-    "train/last_publish_s", "engine/last_publish_s",
+    "train/last_publish_s", "engine/last_publish_s", "train/kl", "train/entropy", "train/anchor_kl",
 )
 RESULTS_KEPT = 100
 RESULT_MAX_BYTES = 2 * 1024 * 1024
@@ -322,18 +322,19 @@ def _clip(s: str, flags: list[str], what: str) -> str:
     return s[:TEXT_LIMIT]
 
 
-def _has_signal(method: str, turn: Turn, j: Judgement) -> bool:
+def _has_signal(method: str, turn: Turn, j: Judgement, negative_weight: float = 1.0) -> bool:
     """Whether the trainer trains on this verdict: trainer/loop.py's `has_signal` on the turn's sample,
     restated here so that serving never imports the trainer (and torch with it)."""
     if not turn.response_ids:
         return False
-    rl = method in ("binary", "combine") and math.isfinite(j.value) and j.value != 0
+    rl = (method in ("binary", "combine") and math.isfinite(j.value) and j.value != 0
+          and not (j.value <= -1 and negative_weight == 0))
     opd = method in ("opd", "combine") and any((h or "").strip() for h in [j.hint, *(j.hint_candidates or [])])
     return rl or opd
 
 
 def turn_view(t: Turn, verdicts: list[tuple[int, Judgement]], *, trainer_judge: str, cursor: int, method: str,
-              source: str, history: History) -> dict[str, Any]:
+              source: str, history: History, negative_weight: float = 1.0) -> dict[str, Any]:
     clipped: list[str] = []
     users = [m for m in t.messages if m.get("role") == "user"]
     mine = next(((jid, j) for jid, j in verdicts if j.judge == trainer_judge), None)
@@ -346,7 +347,7 @@ def turn_view(t: Turn, verdicts: list[tuple[int, Judgement]], *, trainer_judge: 
     elif mine[0] > cursor:
         train = {"state": "waiting", "judgement_id": mine[0]}
     else:
-        train = {"state": "trained" if _has_signal(method, t, mine[1]) else "skipped", "judgement_id": mine[0],
+        train = {"state": "trained" if _has_signal(method, t, mine[1], negative_weight) else "skipped", "judgement_id": mine[0],
                  "at": history.consumed_at(mine[0])}
     ns = t.next_state
     versions = [int(v) for v in t.response_versions] if t.response_versions else [t.policy_version]
@@ -505,7 +506,8 @@ def mount_dashboard(app: FastAPI, gw: Any) -> Callable[[], Awaitable[None]]:
                                 "cursor": cursor},
                     "total": summary["rows"], "limit": limit, "offset": offset,
                     "data": [turn_view(t, verdicts.get(t.id, []), trainer_judge=trainer_judge, cursor=cursor,
-                                       method=cfg.train.method, source=cfg.train.source, history=history)
+                                       method=cfg.train.method, source=cfg.train.source, history=history,
+                                       negative_weight=cfg.train.negative_weight)
                              for t in turns]}
 
         body = await run_in_threadpool(read) if store is not None else None

@@ -20,6 +20,17 @@ Departures from GRPO as usually implemented:
   no learning signal, and the trainer should know how much of the batch that is.
 - The std (when `std_normalize`) is the unbiased sample std (n - 1), as in TRL
   and verl.
+
+Ungrouped samples (live conversation turns: one answer per prompt) have no
+group to centre on. `running_baseline` gives them a baseline anyway: the mean
+of the *other* recent ungrouped rewards (leave-one-out over the step's batch
+plus a window of earlier steps). Without it a stream of mostly -1 verdicts
+pushes down every sampled token, the right digits of an answer that only had
+the wrong form included, and the freed probability mass lands on whatever the
+softmax gives it: the model loses what it knew (bench/RESULTS.md "Why the loop
+made the model worse"). With it, a -1 among mostly -1 verdicts is ~0, and the
+rare +1 carries the signal. Any baseline that does not depend on the sample's
+own reward leaves the policy gradient unbiased.
 """
 
 from __future__ import annotations
@@ -53,6 +64,23 @@ def binary_rl_advantages(
         "train/score_mean": float(s.mean().item()) if s.numel() else 0.0,
     }
     return adv, stats
+
+
+def running_baseline(rewards: torch.Tensor, history: Sequence[float] = ()) -> torch.Tensor:
+    """Leave-one-out baselines (B,) for ungrouped rewards (B,): for each sample, the mean of the other
+    rewards of the batch together with `history` (rewards of earlier steps). 0 where there is nothing
+    else to average (one sample, no history), so a lone sample keeps its raw reward."""
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be (B,), got {tuple(rewards.shape)}")
+    if not bool(torch.isfinite(rewards).all()):
+        raise ValueError("running_baseline: rewards must be finite")
+    r = rewards.detach().to(torch.float32)  # (B,)
+    h = torch.tensor([float(x) for x in history], dtype=torch.float32, device=r.device)  # (H,)
+    total = r.sum() + h.sum()
+    count = r.numel() - 1 + h.numel()
+    if count <= 0:
+        return torch.zeros_like(r)
+    return (total - r) / count  # (B,)
 
 
 def _group_index(group_ids: torch.Tensor | Sequence[Hashable | None], n: int,

@@ -15,6 +15,14 @@ finite on every valid token of the row.
 Rows with neither signal get advantage 0 but keep their tokens in the
 denominator; drop them before batching (`train/combine_no_signal_frac` says
 how many there were).
+
+`teacher_agrees` (B, T) bool marks the tokens the teacher would have picked
+itself (its top-1 is the sampled id). With it the OPD term is cut to the
+*divergence point* (`credit.until_divergence`): every token up to the first
+one the teacher would not pick keeps its teacher - old advantage, except that
+an agreed token is never pushed down; the first disagreement gets its
+advantage (the correction's blame lands there); every later token gets 0.
+Why, and how it departs from OPD as published: `credit.py`.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from clawloop.losses.aggregation import masked_mean_float
+from clawloop.losses.credit import until_divergence
 from clawloop.losses.ppo import ppo_clip_loss
 
 
@@ -36,6 +45,7 @@ def combined_advantages(
     w_rl: float = 1.0,
     w_opd: float = 1.0,
     opd_clip: float | None = None,
+    teacher_agrees: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-token advantages (B, T), detached, 0 off the mask; plus stats.
 
@@ -78,6 +88,15 @@ def combined_advantages(
         raise ValueError("combined_advantages: teacher or old logprobs are not finite on a teacher row")
     if opd_clip is not None:
         opd_term = opd_term.clamp(-opd_clip, opd_clip)  # (B, T)
+    cut = 0.0
+    if teacher_agrees is not None:
+        if teacher_agrees.shape != mask.shape:
+            raise ValueError("teacher_agrees and mask must share one (B, T) shape")
+        agrees = teacher_agrees.bool()
+        keep = until_divergence(agrees, opd_rows)  # (B, T)
+        spared = opd_rows & ((agrees & (opd_term < 0)) | ~keep)  # (B, T)
+        cut = masked_mean_float((opd_rows & ~keep).float(), opd_rows) if bool(opd_rows.any()) else 0.0
+        opd_term = torch.where(spared, zero, opd_term)  # (B, T)
 
     adv = w_rl * rl_term[:, None] + w_opd * opd_term  # (B, T)
     adv = torch.where(valid, adv, zero)  # (B, T)
@@ -90,6 +109,7 @@ def combined_advantages(
         "train/combine_no_signal_frac": float((~has_score & ~has_teacher).sum().item()) / n,
         "train/combine_adv_mean": masked_mean_float(adv, valid),
         "train/combine_zero_adv_frac": masked_mean_float((adv == 0).float(), valid),
+        "train/opd_after_divergence_frac": cut,
     }
     return adv, stats
 

@@ -104,3 +104,34 @@ def entropy_bonus(
             ent = entropy_from_logits(logits)  # (B, T)
         loss = torch.zeros((), dtype=logits.dtype, device=logits.device)
     return loss, {"train/entropy": masked_mean_float(ent, valid)}
+
+
+def anchor_kl_loss(
+    logits: torch.Tensor,
+    ref_logits: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    coef: float,
+    agg: str = "token-mean",
+    denominator: float | int | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """coef * aggregated full-distribution KL(policy || reference) per position: sum_v p (log p - log p_ref).
+
+    `logits` (B, T, V) carries the gradient, `ref_logits` (B, T, V') the reference's (V' >= V: extra rows
+    dropped), `mask` (B, T) the positions to anchor. Unlike `kl_loss`, which sees only the sampled token's
+    logprob, this holds the whole next-token distribution where the learning signal says nothing, so the
+    answer's other tokens (the digits after a rejected opener) stay where they were.
+    Stats: train/anchor_kl, train/anchor_loss."""
+    if coef < 0:
+        raise ValueError(f"anchor coef must be >= 0, got {coef}")
+    if logits.shape[:2] != mask.shape or ref_logits.shape[:2] != mask.shape:
+        raise ValueError("logits, ref_logits and mask must share their leading (B, T) dims")
+    valid = mask.bool()  # (B, T)
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    ref = torch.log_softmax(ref_logits[..., :logits.shape[-1]].detach().float(), dim=-1)  # (B, T, V)
+    kl = (logp.exp() * (logp - ref)).sum(dim=-1)  # (B, T)
+    kl = torch.where(valid, kl, torch.zeros_like(kl))
+    mean_kl = aggregate(kl, valid, agg, fixed_denominator=denominator)
+    loss = coef * mean_kl
+    return loss, {"train/anchor_kl": masked_mean_float(kl.detach(), valid), "train/anchor_loss": float(loss.detach())}
+

@@ -106,7 +106,7 @@ def custom_loss_inputs(batch: Any, logits: torch.Tensor | None, train_config: An
     engine_lp / has_engine_lp of the trainer's batch). Scores are NaN where a sample has none or
     --method opd uses none; the teacher is None unless --method is opd or combine."""
     method = getattr(train_config, "method", "combine")
-    token_opd = method in ("opd", "combine") and not getattr(train_config, "distill_topk", 0)
+    token_opd = method in ("opd", "combine") and getattr(train_config, "opd_target", "advantage") == "advantage"
     scores = getattr(batch, "scores", None)
     if scores is not None and method == "opd":
         scores = torch.full_like(scores, float("nan"))

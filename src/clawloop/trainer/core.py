@@ -62,6 +62,7 @@ import json
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,8 +71,10 @@ import torch
 
 from clawloop.engines.base import LoraAdapter
 from clawloop.losses import (
+    anchor_kl_loss,
     behaviour_logprobs,
     logprob_diff_stats,
+    nucleus_mass_loss,
     combined_advantages,
     entropy_bonus,
     entropy_from_logits,
@@ -79,11 +82,13 @@ from clawloop.losses import (
     kl_loss,
     load_custom_loss,
     ppo_clip_loss,
+    running_baseline,
     staleness_histogram,
     staleness_token_mask,
     step_denominator,
     tis_weights,
     topk_distill_loss,
+    until_divergence,
 )
 from clawloop.losses.plugins import custom_loss_inputs
 from clawloop.records import Sample
@@ -132,6 +137,9 @@ class TeacherSignal:
     """(n_response, K) the teacher's K most likely ids at each response position (with distill_topk)."""
     topk_logprobs: torch.Tensor | None = None
     """(n_response, K) their logprobs."""
+    top1: list[int] | None = None
+    """The teacher's most likely id at each position, aligned with `Sample.tokens` (-1 on the prompt); with
+    `opd_credit` divergence."""
 
 
 @dataclass
@@ -154,6 +162,10 @@ class _Batch:
     temperature: torch.Tensor  # (B,) sampling temperature (1: the raw distribution)
     top_p: torch.Tensor  # (B,)
     rows: int = 0
+    teacher_agrees: torch.Tensor | None = None
+    """(B, L-1) the next token is the teacher's own top-1 (with `opd_credit` divergence)."""
+    ref_logits: torch.Tensor | None = None
+    """(B, L-1, V) the base weights' logits (with `anchor_coef`)."""
     constrained: torch.Tensor | None = None
     """(B,) rows sampled under a grammar constraint: their engine logprobs are renormalised over the
     allowed ids (`sampling.logprobs == "constrained"`), so they exceed the trainer's raw ones by
@@ -215,6 +227,15 @@ def resolve_train_device(device: str = "auto", train_gpus: Sequence[Any] = ()) -
     if index >= count:
         raise ConfigError(f"{key}: cuda:{index} does not exist, torch sees {count} CUDA device(s)")
     return torch.device("cuda", index)
+
+
+def auto_lr(n_params: int, lora: bool) -> float:
+    """`train.lr` 0: a LoRA adapter 1e-4; full fine-tuning 2e-4 under 10 M parameters (the shipped 1.1 M tiny
+    model, which 1e-5 leaves unchanged over the persona evaluation's 16 updates), else 1e-5, the usual rate
+    for online RL on a real model. A rate the user sets is used as it is."""
+    if lora:
+        return 1e-4
+    return 2e-4 if n_params < 10_000_000 else 1e-5
 
 
 def _pad(rows: list[list[Any]], value: Any, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
@@ -351,14 +372,19 @@ class Trainer:
         self.use_lora = bool(t.use_lora)
         self.use_rl = t.method in ("binary", "combine")
         self.use_opd = t.method in ("opd", "combine")
-        self.topk = t.distill_topk if self.use_opd else 0
-        self.token_opd = self.use_opd and self.topk == 0
+        self.opd_target = t.opd_target if self.use_opd else ""
+        self.topk = (t.distill_topk or 16) if self.opd_target in ("topk", "nucleus") else 0
+        self.token_opd = self.opd_target == "advantage"
         # Frozen base weights for the OPD teacher (--teacher frozen) and the KL reference: under LoRA the
         # model with its adapter switched off is exactly that, so only full fine-tuning keeps a copy.
-        needs_frozen = (self.use_opd and t.teacher == "frozen") or t.kl_coef > 0
+        needs_frozen = (self.use_opd and t.teacher == "frozen") or t.kl_coef > 0 or t.anchor_coef > 0
         self.frozen = None
         if needs_frozen and not self.use_lora:
             self.frozen = copy.deepcopy(base).eval().requires_grad_(False)
+        self.measures_kl = t.kl_coef > 0 or self.use_lora or self.frozen is not None
+        """Whether each step measures the KL to the base weights (`train/kl`): a KL term is on, or the base
+        weights are at hand anyway (LoRA, or the copy OPD's frozen teacher keeps); a full fine-tune without
+        one would need a copy of the model for a metric."""
         self.teacher_model = None
         if self.use_opd and t.teacher == "model":
             self.teacher_model = self._load_teacher_model(t.teacher_model)
@@ -380,19 +406,25 @@ class Trainer:
         self.masters: list[torch.Tensor] | None = None
         if self.offload:
             self.masters = [p.detach().to("cpu", dtype=torch.float32, copy=True) for p in self.params]
-        kw = dict(lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
+        self.lr = t.lr or auto_lr(sum(p.numel() for p in self.model.parameters()), self.use_lora)
+        kw = dict(lr=self.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
         opt_params = self.masters if self.masters is not None else self.params
         try:  # one fused kernel instead of a per-parameter loop (CPU and CUDA, torch >= 2.4)
             self.opt = torch.optim.AdamW(opt_params, fused=True, **kw)
         except (RuntimeError, TypeError):
             self.opt = torch.optim.AdamW(opt_params, **kw)
-        log.info("trainer on %s%s, float32 master weights%s%s", self.device,
+        log.info("trainer on %s%s, lr %g, float32 master weights%s%s", self.device, self.lr,
                  " with bf16 autocast" if self.autocast_dtype is not None else "",
                  ", AdamW state in CPU memory" if self.offload else "", ", LoRA" if self.use_lora else "")
         self.custom_loss = load_custom_loss(t.custom_loss_function_path) if t.custom_loss_function_path else None
         self.step_count = 0
         self.version = 0
         self.tokens_trained = 0
+        self.reward_history: deque[float] = deque(maxlen=t.baseline_window)
+        """Recent rewards of ungrouped samples, for the mean baseline (`losses.running_baseline`)."""
+        self.rewards_observed = False
+        """True once a caller records every judged reward with `observe_reward` (the loop does: turns that
+        carry no signal, such as -1s under `negative_weight` 0, still belong in the baseline)."""
         self.last: dict[str, float] = {}
 
     def _load_teacher_model(self, path: str) -> torch.nn.Module:
@@ -592,16 +624,19 @@ class Trainer:
         idx = [i for i, h in enumerate(hints)
                if h and samples[i].prompt_len > 0 and not (self.token_opd and samples[i].teacher_logprobs)]
         rows = [(self.teacher_prompt_ids(samples[i], hints[i]), samples[i].response_ids) for i in idx]
+        cut = self.use_opd and self.tc.opd_credit == "divergence"
         with self.teacher() as teacher:
-            scored = self.score_responses(teacher, rows, topk=self.topk)
+            scored = self.score_responses(teacher, rows, topk=self.topk or (1 if cut else 0))
         out: list[TeacherSignal | None] = [None] * len(samples)
         if self.token_opd:
             for i, s in enumerate(samples):
                 if s.teacher_logprobs and len(s.teacher_logprobs) == len(s.tokens):
                     out[i] = TeacherSignal(list(s.teacher_logprobs))
         for i, r in zip(idx, scored):
+            top1 = [-1] * samples[i].prompt_len + r["topk_ids"][:, 0].tolist() if cut else None
             out[i] = TeacherSignal([0.0] * samples[i].prompt_len + r["lp"].tolist(),
-                                   r.get("topk_ids"), r.get("topk_lp"))
+                                   r.get("topk_ids") if self.topk else None, r.get("topk_lp") if self.topk else None,
+                                   top1=top1)
         return out
 
     def teacher_logprobs_for(self, samples: list[Sample]) -> list[list[float] | None]:
@@ -610,6 +645,12 @@ class Trainer:
         return [None if sig is None else sig.logprobs for sig in self.teacher_signals(samples, hints)]
 
     # -- samples ---------------------------------------------------------------
+    def observe_reward(self, s: Sample) -> None:
+        """Record an ungrouped sample's reward for the mean baseline, whether or not it is trained on."""
+        self.rewards_observed = True
+        if s.group_id is None and s.advantages is None and s.reward is not None and math.isfinite(float(s.reward)):
+            self.reward_history.append(float(s.reward))
+
     def rl_scores(self, samples: list[Sample]) -> tuple[list[float], dict[str, float]]:
         """Each sample's RL score: its reward as it is (any finite float), centred per group where samples
         share a `group_id` (GRPO; groups of any size); nan where there is none or the sample brings its own
@@ -621,10 +662,25 @@ class Trainer:
             return out, {}
         rewards = torch.tensor([float(samples[i].reward) for i in idx], dtype=torch.float32)  # (n,)
         normed, stats = group_normalize(rewards, [samples[i].group_id for i in idx])
-        for i, v in zip(idx, normed.tolist()):
-            out[i] = v
         if not stats["train/groups"]:  # no groups: nothing was normalised, the group stats say nothing
             stats = {}
+        solo = [k for k, i in enumerate(idx) if samples[i].group_id is None]
+        if solo and self.tc.baseline == "mean":
+            r = rewards[solo]  # (m,)
+            if self.rewards_observed:  # the loop recorded every judged reward as it read it, these included
+                hist = list(self.reward_history)
+                base = torch.tensor([(sum(hist) - x) / (len(hist) - 1) if len(hist) > 1 else 0.0
+                                     for x in r.tolist()])  # (m,) leave-one-out over the window
+            else:
+                base = running_baseline(r, self.reward_history)  # (m,)
+                self.reward_history.extend(r.tolist())
+            normed[solo] = r - base
+            stats["train/baseline"] = float(base.mean())
+        if solo and self.tc.negative_weight != 1.0:
+            a = normed[solo]  # (m,)
+            normed[solo] = torch.where(a < 0, a * self.tc.negative_weight, a)
+        for i, v in zip(idx, normed.tolist()):
+            out[i] = v
         stats["train/score_mean"] = float(rewards.mean())
         return out, stats
 
@@ -661,16 +717,24 @@ class Trainer:
                     a, n = s.prompt_len - 1, t.topk_ids.shape[0]  # position a predicts the first response token
                     topk_ids[b, a:a + n] = t.topk_ids.to(dev)
                     topk_lp[b, a:a + n] = t.topk_logprobs.to(dev)
-        ref_lp = None
-        if ref:
+        agrees = None
+        if any(t is not None and t.top1 is not None for t in teacher):
+            top1 = _pad([(t.top1[1:] if t is not None and t.top1 is not None else [-1] * (len(s.tokens) - 1))
+                         for s, t in zip(samples, teacher)], -1, torch.long, dev)  # (B, L-1)
+            agrees = top1 == tokens[:, 1:]  # (B, L-1)
+        ref_lp = ref_logits = None
+        if ref or self.tc.anchor_coef > 0:
             with self.frozen_model() as base:
-                ref_lp, _ = self._eval_logprobs(base, tokens, attn)  # (B, L-1)
+                ref_lp, ref_logits = self._eval_logprobs(base, tokens, attn, want_logits=self.tc.anchor_coef > 0)
+            if not ref:
+                ref_lp = None
         temps = torch.tensor([_sampling(s, "temperature") for s in samples], device=dev)  # (B,)
         top_p = torch.tensor([_sampling(s, "top_p") for s in samples], device=dev)  # (B,)
         constrained = torch.tensor([(s.sampling or {}).get("logprobs") == "constrained" for s in samples],
                                    device=dev)  # (B,)
         return _Batch(tokens, attn, mask, engine_lp, has_engine, score_t, pre_adv, has_pre, tl, topk_ids, topk_lp,
-                      has_topk, ref_lp, temps, top_p, rows=B, constrained=constrained)
+                      has_topk, ref_lp, temps, top_p, rows=B, constrained=constrained, teacher_agrees=agrees,
+                      ref_logits=ref_logits)
 
     def _eval_logprobs(self, model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor,
                        want_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -727,7 +791,7 @@ class Trainer:
             scores if self.use_rl else torch.full_like(scores, float("nan")),
             b.teacher_lp if self.token_opd else None, old, b.mask,
             w_rl=t.w_rl if self.use_rl else 0.0, w_opd=t.w_opd if self.token_opd else 0.0,
-            opd_clip=t.opd_clip or None)
+            opd_clip=t.opd_clip or None, teacher_agrees=b.teacher_agrees if self.token_opd else None)
         if bool(b.has_pre.any()):  # rollout-buffer groups: their advantages are the RL term
             w = t.w_rl if self.use_rl else 1.0
             b.adv = b.adv + torch.where(b.has_pre[:, None] & b.mask.bool(), w * b.pre_adv, torch.zeros_like(b.adv))
@@ -748,10 +812,28 @@ class Trainer:
             stats.update(s)
         if b.topk_ids is not None:
             kmask = b.mask * b.has_topk[:, None]  # (B, L-1) rows the teacher saw a hint for
-            tk, s = topk_distill_loss(logits, b.topk_ids, b.topk_lp, kmask, agg=t.loss_agg, denominator=denom)
+            if b.teacher_agrees is not None:  # opd_credit divergence: where the teacher's view is evidence
+                kept = until_divergence(b.teacher_agrees, kmask)  # (B, L-1)
+                stats["train/opd_after_divergence_frac"] = (
+                    1.0 - float(kept.sum()) / float(kmask.sum()) if float(kmask.sum()) else 0.0)
+                kmask = kmask * kept
+            if self.opd_target == "nucleus":
+                tk, s = nucleus_mass_loss(logits, b.topk_ids, b.topk_lp, kmask, top_p=t.opd_nucleus_p,
+                                          agg=t.loss_agg, denominator=denom)
+            else:
+                tk, s = topk_distill_loss(logits, b.topk_ids, b.topk_lp, kmask, agg=t.loss_agg, denominator=denom)
+                stats["train/topk_loss"] = float(t.w_opd * tk.detach())
             terms.append(t.w_opd * tk)
             stats.update(s)
-            stats["train/topk_loss"] = float(t.w_opd * tk.detach())
+        if b.ref_logits is not None:
+            rl_rows = (torch.isfinite(b.scores) & (b.scores != 0)) | b.has_pre  # (B,) rows with an RL term
+            amask = b.mask * ~rl_rows[:, None]  # (B, L-1)
+            if b.teacher_agrees is not None:  # not where the teacher said what to change
+                first = until_divergence(b.teacher_agrees, b.mask) & ~b.teacher_agrees.bool()  # (B, L-1)
+                amask = amask * ~first
+            an, s = anchor_kl_loss(logits, b.ref_logits, amask, coef=t.anchor_coef, agg=t.loss_agg, denominator=denom)
+            terms.append(an)
+            stats.update(s)
         if b.ref_lp is not None:
             kl, s = kl_loss(lp, b.ref_lp, b.mask, kind=t.kl_type, coef=t.kl_coef, agg=t.loss_agg, denominator=denom)
             terms.append(kl)
@@ -804,7 +886,7 @@ class Trainer:
             part = [samples[i] for i in idx]
             by_id = {id(s): (teacher[i], scores[i]) for i, s in zip(idx, part)}
             minis.append([self._tensorize(mb, [by_id[id(s)][0] for s in mb], [by_id[id(s)][1] for s in mb],
-                                          ref=t.kl_coef > 0) for mb in self._micro_batches(part)])
+                                          ref=self.measures_kl) for mb in self._micro_batches(part)])
         if len(minis) > 1:  # old logprobs of the whole batch before the first update
             with torch.no_grad():
                 for mbs in minis:
@@ -852,7 +934,7 @@ class Trainer:
             "train/tokens_per_s": n_tokens / dt if dt > 0 else 0.0, "train/step_s": dt,
             "train/grad_norm": sum(grad_norms) / len(grad_norms), "train/grad_norm_max": max(grad_norms),
             "train/zero_adv_frac": no_signal / len(samples), "train/tempered_samples": float(n_tempered),
-            "train/lr": t.lr,
+            "train/lr": self.lr,
         })
         if no_signal == len(samples):
             log.warning("dead learning signal: none of the %d samples of step %d has a non-zero score, a teacher or "

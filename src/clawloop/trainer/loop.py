@@ -72,13 +72,15 @@ log = logging.getLogger(__name__)
 CURSOR = "trainer"
 
 
-def has_signal(s: Sample, method: str) -> bool:
+def has_signal(s: Sample, method: str, negative_weight: float = 1.0) -> bool:
     """Whether `s` can teach `method` anything: non-zero advantages, a non-zero finite reward (RL), or a
-    hint and the conversation to put it in (OPD)."""
+    hint and the conversation to put it in (OPD). With `train.negative_weight` 0 an ungrouped -1 (the
+    lowest verdict: no baseline lifts it above 0) carries no RL signal."""
     if s.advantages is not None:
         return any(a != 0 for a in s.advantages)
-    rl = (method in ("binary", "combine") and s.reward is not None and math.isfinite(float(s.reward))
-          and float(s.reward) != 0.0)
+    r = float(s.reward) if s.reward is not None else math.nan
+    rl = (method in ("binary", "combine") and math.isfinite(r) and r != 0.0
+          and not (r <= -1.0 and negative_weight == 0 and s.group_id is None))
     opd = method in ("opd", "combine") and (bool(s.messages) and bool(hint_candidates(s))
                                              or bool(s.teacher_logprobs))
     return rl or opd
@@ -217,7 +219,8 @@ class TrainerLoop:
 
     def _consider(self, s: Sample, jid: int | None) -> None:
         self.newest_version = max(self.newest_version, max(s.response_versions, default=s.policy_version))
-        sig = has_signal(s, self.tc.method)
+        self.trainer.observe_reward(s)
+        sig = has_signal(s, self.tc.method, self.tc.negative_weight)
         self.window.append(1 if sig else 0)
         if sig:
             self.pending.append(s)
