@@ -85,6 +85,20 @@ def test_toolcall_oracle_and_noop_through_gateway_then_train(rig, engine, random
         assert it["prompt_ids"] == s1["prompt_ids"]
     for it in noop:
         assert it["extra_info"]["outcome"] < 0 and it["extra_info"]["n_steps"] == 1
+        assert it["extra_info"]["shaping"] == {"mode": "outcome"}
+
+    # reward: shaped (the generator's RewardShaping): the oracle's correct call and copied result are paid
+    shaped = _rollout(buf.url, gw.url, agent=["oracle", "noop"], num_repeat_per_sample=2, reward="shaped",
+                      reward_call_coef=2.0, **{**common, "num_tasks": 1, "task_offset": 9})
+    for it in shaped:
+        x = it["extra_info"]
+        if x["behaviour"] == "oracle":
+            assert x["shaping"] == {"mode": "shaped", "call_coef": 2.0, "use_coef": 0.5, "call_score": 1.0,
+                                    "answer_from_tool": True}
+            assert x["outcome"] == 1.0 and it["raw_reward"] == pytest.approx(1 + 2.0 + 0.5 + 0.5)  # + PRM mean
+            assert [s["step_reward"] for s in it["steps"]] == pytest.approx([1 + 2.0 + 1, 1 + 0.5 + 0])
+        else:
+            assert it["raw_reward"] == x["outcome"] == pytest.approx(-1.1) and x["shaping"]["call_score"] == 0.0
 
     # the model itself (random weights) beside the oracle: real sampled steps with the engine's logprobs
     mixed = _rollout(buf.url, gw.url, agent=["model", "oracle"], num_repeat_per_sample=2,

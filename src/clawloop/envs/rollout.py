@@ -22,6 +22,10 @@ evaluated and ONE buffer item is written per trajectory:
 final = outcome + prm_step_coef · mean(step PRM) (outcome alone without a PRM);
 step_reward = outcome + prm_step_coef · PRM of that step, which the trainer's
 `--advantage-estimator step_wise` normalises per (task, step index).
+A track's generator may set `shaping`, a callable
+`(outcome, evaluation details, [step info]) -> (reward, [step reward], what it used)`
+(the toolcall track's `RewardShaping`): its reward and step rewards then stand
+where the outcome stood above, and `extra_info.shaping` records what it used.
 
 `agent` picks who acts (a list is cycled over each task's group, e.g.
 `["model", "oracle"]` puts a reference solution beside the policy's tries): `model` (the policy, through the gateway), `oracle`
@@ -93,6 +97,7 @@ class AgentRollout(MathRollout):
             raise ValueError(f"agent must be model, oracle or noop (or a list of them), got {agents!r}")
         self.pool = connect_pool(data.get("env_pool_url") or None, track, self.opts, capacity=self.num_process)
         self.prm = StepPRM.from_data(data, self.engine_url, track)
+        self.shaping: Any = None  # (outcome, details, step infos) -> (reward, step rewards, info); None: outcome
         self.lease_wait_s = float(data.get("lease_wait_s", 600))
         self.artifact_dir = Path(data.get("artifact_dir") or Path(tempfile.gettempdir()) / f"clawloop-{track}-artifacts")
 
@@ -283,11 +288,14 @@ class AgentRollout(MathRollout):
               ev: dict[str, Any], end_reason: str, n_calls: int, well_formed: int, describe: dict[str, Any],
               seconds: float) -> dict[str, Any]:
         outcome = float(ev["reward"])
+        reward, step_rewards, shaping = outcome, [outcome] * len(steps), None
+        if self.shaping is not None:
+            reward, step_rewards, shaping = self.shaping(outcome, ev.get("details") or {}, [s["info"] for s in steps])
         coef = self.prm.coef if self.prm is not None else 0.0
         scored = [s["prm_score"] for s in steps if s.get("prm_score") is not None]
-        for s in steps:
-            s["step_reward"] = outcome + coef * float(s.get("prm_score") or 0.0)
-        final = outcome + (coef * sum(scored) / len(scored) if scored else 0.0)
+        for s, r in zip(steps, step_rewards):
+            s["step_reward"] = r + coef * float(s.get("prm_score") or 0.0)
+        final = reward + (coef * sum(scored) / len(scored) if scored else 0.0)
         exact = all(s.get("token_exact") for s in steps)
         versions = [s["policy_version"] for s in steps if s.get("policy_version") is not None]
         last = steps[-1]
@@ -295,7 +303,7 @@ class AgentRollout(MathRollout):
             "uid": str(uuid.uuid4()), "instance_id": task_id, "task_type": self.task_type,
             "reward": final, "raw_reward": final, "messages": messages, "tools": tools, "steps": steps,
             "extra_info": {
-                "outcome": outcome, "success": bool(ev.get("success")), "end_reason": end_reason,
+                "outcome": outcome, "shaping": shaping, "success": bool(ev.get("success")), "end_reason": end_reason,
                 "n_steps": len(steps), "n_tool_calls": n_calls, "well_formed_calls": well_formed,
                 "details": ev.get("details") or {}, "env": describe, "behaviour": agent,
                 "prm": None if self.prm is None else {"kind": self.prm.kind, "judge": self.prm.name,

@@ -20,6 +20,17 @@ episode (so does `max_steps`). Reward as in the reference: +1 when the final
 answer (the last `\\boxed{}`, else the last number) equals the label, else -1,
 and a failed trajectory gets `min(-0.6, -1 + (n_calls - 2) / 2 * 0.1)`:
 trying the tools costs less than not trying.
+
+Every call is also scored (`info.calls[i].score`, in [0, 1]): 1 for a *correct
+call*, one whose result is the answer (and that computes it, not one that
+passes the bare answer in); otherwise how close its argument is to the task's
+reference expression (`oracle`, else the `a+b` in the question; difflib's
+ratio, whitespace ignored), 0 when there is none. `evaluate()` reports
+`call_score` (the mean over the episode's calls: more tries do not raise it),
+`exact_call` (some call was correct) and `answer_from_tool` (the final answer
+equals a result a tool returned). The generator's `reward: shaped`
+(`RewardShaping`) turns them into reward; the env's own reward stays the
+reference's.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ import json
 import shlex
 import shutil
 import tempfile
+from dataclasses import dataclass
+from difflib import SequenceMatcher
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +126,78 @@ def reward_of(final_text: str, label: Any, n_calls: int) -> tuple[float, bool]:
     if ok:
         return 1.0, True
     return min(-0.6, -1.0 + (n_calls - 2) / 2 * 0.1), False
+
+
+def call_score(argument: str, output: str | None, label: Any, reference: str | None) -> float:
+    """One tool call's score in [0, 1]: 1 when its result (`output`, None for a call that failed) is the
+    label and its argument is not the bare label; else the similarity of its argument to the reference
+    expression (difflib ratio, whitespace ignored), 0 without a reference."""
+    from clawloop.generators.math_generator import score_answer
+
+    arg = "".join(argument.split())
+    if output is not None and score_answer(output, label) == 1.0 and not _is_number(arg):
+        return 1.0
+    if not reference:
+        return 0.0
+    ref = "".join(reference.split())
+    return min(SequenceMatcher(None, arg, ref, autojunk=False).ratio(), 0.99)  # 1 only for a correct call
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+REWARD_MODES = ("outcome", "shaped")
+
+
+@dataclass
+class RewardShaping:
+    """How the toolcall generator turns an episode into reward (payload keys `reward`, `reward_call_coef`,
+    `reward_use_coef`).
+
+    `outcome`: the environment's reward, the reference's (+1 / -1 and the failure shaping), on every step.
+    `shaped`: the outcome plus `call_coef` x the calls' mean score (1 for a correct call, the argument's
+    closeness to the reference expression otherwise; the mean, so that calling again never pays) plus
+    `use_coef` when the final answer is a result a tool returned. Per step (what `--advantage-estimator
+    step_wise` normalises): a step that called tools gets outcome + call_coef x its calls' mean score, the
+    final answer outcome + use_coef x used, any other step the outcome alone."""
+    mode: str = "outcome"
+    call_coef: float = 1.0
+    """Reward for a correct call (its result is the answer); partial credit for a near one."""
+    use_coef: float = 0.5
+    """Reward for a final answer that is a tool's result (right or wrong): rely on the tool."""
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> "RewardShaping":
+        mode = str(data.get("reward") or "outcome")
+        if mode not in REWARD_MODES:
+            raise ValueError(f"reward must be one of {', '.join(REWARD_MODES)}, got {mode!r}")
+        d = cls()
+        return cls(mode, float(data.get("reward_call_coef", d.call_coef)),
+                   float(data.get("reward_use_coef", d.use_coef)))
+
+    def __call__(self, outcome: float, details: dict[str, Any], step_infos: list[dict[str, Any]]
+                 ) -> tuple[float, list[float], dict[str, Any]]:
+        """(trajectory reward, each step's reward, what went into them)."""
+        if self.mode == "outcome":
+            return outcome, [outcome] * len(step_infos), {"mode": self.mode}
+        call, used = float(details["call_score"]), bool(details["answer_from_tool"])
+        steps = []
+        for info in step_infos:
+            scores = [float(c["score"]) for c in info.get("calls") or []]
+            if scores:
+                steps.append(outcome + self.call_coef * sum(scores) / len(scores))
+            elif info.get("end_reason") == "answered":
+                steps.append(outcome + self.use_coef * used)
+            else:
+                steps.append(outcome)
+        reward = outcome + self.call_coef * call + self.use_coef * used
+        return reward, steps, {"mode": self.mode, "call_coef": self.call_coef, "use_coef": self.use_coef,
+                               "call_score": call, "answer_from_tool": used}
 
 
 def load_tools_config(path: str) -> tuple[list[dict[str, Any]], str | None, dict[str, str]]:
@@ -206,13 +291,17 @@ class ToolCallEnv(Env):
         self.workspace = Path(tempfile.mkdtemp(prefix=f"clawloop-toolcall-{slot}-", dir=opts.work_dir or None))
         self.sandbox = Sandbox(self.workspace, level=opts.sandbox, allow_unsandboxed=opts.allow_unsandboxed,
                                limits=Limits(memory_mb=opts.memory_mb, disk_mb=opts.disk_mb), slot=slot)
+        self.reference = task.data.get("oracle") or _expression_of(task.instruction)
         self.n_calls = 0
         self.well_formed = 0
+        self.call_scores: list[float] = []
+        self.results: list[str] = []  # what the tools answered, for calls that ran cleanly
         self.final: str | None = None
         self.closed = False
 
     def reset(self) -> Observation:
         self.steps, self.n_calls, self.well_formed, self.final = 0, 0, 0, None
+        self.call_scores, self.results = [], []
         msgs = list(self.task.data.get("messages") or [{"role": "user", "content": self.task.instruction}])
         if self.system and not any(m.get("role") == "system" for m in msgs):
             msgs = [{"role": "system", "content": self.system}] + msgs
@@ -256,12 +345,20 @@ class ToolCallEnv(Env):
             self.n_calls += 1
             if c["name"] not in self.names:
                 text, info = (f"error: no tool named {c['name']!r}; tools: {', '.join(self.names)}",
-                              {"error": "unknown tool"})
+                              {"error": "unknown tool", "score": 0.0})
             elif c["arguments"] is None:
-                text, info = f"error: arguments are not a JSON object: {c['raw'][:200]}", {"error": "bad arguments"}
+                text, info = (f"error: arguments are not a JSON object: {c['raw'][:200]}",
+                              {"error": "bad arguments", "score": 0.0})
             else:
                 self.well_formed += 1
                 text, info = self._run_tool(c["name"], c["arguments"])
+                ok = info.get("returncode") == 0
+                if ok:
+                    self.results.append(text)
+                arg = c["arguments"].get("expression", c["arguments"].get("code"))
+                info["score"] = call_score(arg if isinstance(arg, str) else json.dumps(c["arguments"]),
+                                           text if ok else None, self.task.data.get("label"), self.reference)
+            self.call_scores.append(info["score"])
             out.append(tool_message(c["id"], text))
             infos.append({"tool": c["name"], **info})
         done = self.steps >= self.opts.max_steps
@@ -270,11 +367,16 @@ class ToolCallEnv(Env):
     def evaluate(self) -> Evaluation:
         final = self.final or ""
         reward, ok = reward_of(final, self.task.data.get("label"), self.n_calls)
-        from clawloop.generators.math_generator import extract_answer
+        from clawloop.generators.math_generator import extract_answer, score_answer
 
+        pred = extract_answer(final)
+        scores = self.call_scores
         return Evaluation(reward=reward, success=ok, details={
-            "pred": extract_answer(final), "label": self.task.data.get("label"), "n_calls": self.n_calls,
-            "well_formed_calls": self.well_formed, "answered": self.final is not None})
+            "pred": pred, "label": self.task.data.get("label"), "n_calls": self.n_calls,
+            "well_formed_calls": self.well_formed, "answered": self.final is not None,
+            "reference": self.reference, "call_score": sum(scores) / len(scores) if scores else 0.0,
+            "exact_call": 1.0 in scores,
+            "answer_from_tool": pred is not None and any(score_answer(final, r) == 1.0 for r in self.results)})
 
     def oracle(self) -> list[dict[str, Any]]:
         label = self.task.data.get("label")
