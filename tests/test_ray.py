@@ -489,7 +489,8 @@ def test_f_train_service_runs_its_steps_on_a_data_parallel_group(cluster, random
     from test_train_standalone import _judge_all, _write_sessions
 
     cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__rollout_batch_size="8",
-                   ray__mode="local", ray__name="trainsvc", ray__trainer_workers="2", ray__trainer_num_cpus="0.25")
+                   train__negative_weight="1", ray__mode="local", ray__name="trainsvc", ray__trainer_workers="2",
+                   ray__trainer_num_cpus="0.25")
     data = tmp_path / "turns.jsonl"
     _write_sessions(data, 20)
     import_sessions(cfg, data)

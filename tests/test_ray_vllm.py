@@ -41,7 +41,7 @@ def up(random_model_dir, tmp_path_factory):
                    ray__mode="local", ray__num_cpus="2", ray__object_store_mb="128", ray__temp_dir=temp,
                    ray__engine_num_cpus="1", ray__trainer_num_cpus="0.5", ray__trainer_workers="2",
                    model__engine_replicas="1", model__health_interval_s="1", train__rollout_batch_size="2",
-                   train__lr="1e-3", train__method="binary", judge__poll_interval_s="0.1",
+                   train__lr="1e-3", train__method="binary", train__negative_weight="1", judge__poll_interval_s="0.1",
                    ray__health_interval_s="0.5", ray__start_timeout_s="300")
     app, parts = build_app(cfg, judge=True, train=True)
     assert type(parts["engine"]).__name__ == "RayVLLMEngine"

@@ -55,7 +55,7 @@ def test_train_from_an_imported_store_many_steps_and_a_restart_uses_every_sample
     from clawloop.trajectories import import_sessions
 
     flags = dict(train__method="binary", train__rollout_batch_size=str(BATCH), train__lr="1e-3",
-                 train__max_staleness="2")
+                 train__max_staleness="2", train__negative_weight="1")  # every judged turn trains, -1s too
     cfg = make_cfg(random_model_dir, tmp_path, **flags)
     data = tmp_path / "turns.jsonl"
     _write_sessions(data, N_TURNS)
@@ -194,7 +194,8 @@ def test_train_service_steps_and_exit_when_idle(random_model_dir, tmp_path, caps
     from clawloop.trainer.service import run_trainer_service
     from clawloop.trajectories import import_sessions
 
-    cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__rollout_batch_size="8")
+    cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__rollout_batch_size="8",
+                   train__negative_weight="1")  # every judged turn trains, -1s too
     data = tmp_path / "turns.jsonl"
     _write_sessions(data, 28)
     import_sessions(cfg, data)

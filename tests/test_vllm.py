@@ -533,7 +533,7 @@ def test_up_backend_vllm_end_to_end_then_kill_9_leaves_no_vllm(tool_model_dir, t
     data = tmp_path / "data"
     cmd = [sys.executable, "-m", "clawloop.cli", "up", "--backend", "vllm", "--model-path", str(tool_model_dir),
            "--data-dir", str(data), "--port", str(port), "--rollout-batch-size", "2", "--lr", "1e-4",
-           "--method", "binary", "--model-max-model-len", "1024"]
+           "--method", "binary", "--negative-weight", "1", "--model-max-model-len", "1024"]
     if mode == "lora":
         cmd += ["--use-lora", "--lora-rank", "8"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -53,7 +53,8 @@ _free_port = free_port
 
 def Up(args: argparse.Namespace, data_dir: str) -> Server:
     """`clawloop up` for the demo: offline judge, the run's method, batch size, lr and seed."""
-    flags = ["--method", args.method, "--rollout-batch-size", str(args.batch_size), "--lr", str(args.lr),
+    flags = ["--method", args.method, "--rollout-batch-size", str(args.batch_size),
+             *(["--lr", str(args.lr)] if args.lr is not None else []),
              "--judge", "offline", "--seed", str(args.seed), "--no-serve-status",
              "--capture-session-idle-timeout-s", "30"]
     if args.model_path:
@@ -110,7 +111,7 @@ def plot(curve: list[dict[str, float]], baseline: float, out: Path, title: str) 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(xs, ys, marker="o")
     ax.set_xlabel("policy update")
-    ax.set_ylabel("satisfaction (held-out)")
+    ax.set_ylabel("form only: answers in the asked style (held-out)")
     ax.set_ylim(0, 1)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -130,7 +131,7 @@ def demo_result(result: dict[str, Any]) -> dict[str, Any]:
                                       "batch_size", "lr", "seed", "users_fit_rate")}
     summary["judged(+1/0/-1)"] = "/".join(f"{result['judge'].get(k, 0):.0f}" for k in
                                           ("judge_score_pos", "judge_score_zero", "judge_score_neg"))
-    return {"kind": "demo", "name": f"{result['method']}, preference={result['preference']}, "
+    return {"kind": "demo", "name": f"form only: {result['method']}, preference={result['preference']}, "
                                     f"{result['wording']} wording", "created_at": time.time(), "curve": curve,
             "summary": summary}
 
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=4, help="Turns per session.")
     ap.add_argument("--eval-questions", type=int, default=48)
     ap.add_argument("--batch-size", type=int, default=16, help="--rollout-batch-size of the trainer.")
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--lr", type=float, default=None, help="--lr of the started clawloop up (default: its own).")
     ap.add_argument("--model-path", default="", help="Policy model (default: the tiny model, built if missing).")
     ap.add_argument("--url", default="", help="Use a running `clawloop up` at this base URL instead of starting one; "
                                               "the learning curve is then posted to its dashboard (/api/results).")
@@ -226,11 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     result = {"method": a.method, "preference": a.preference, "wording": a.wording, "baseline": baseline,
               "final": final,
               "curve": curve, "updates": curve[-1]["update"] if curve else 0, "minutes": minutes, "seed": a.seed,
-              "batch_size": a.batch_size, "lr": a.lr, "users_fit_rate": users_fit / max(users_answers, 1),
+              "batch_size": a.batch_size, "lr": a.lr if a.lr is not None else "default",
+              "users_fit_rate": users_fit / max(users_answers, 1),
               "judge": judged}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    png = plot(curve, baseline, out, f"clawloop demo: {a.method}, preference={a.preference}, {a.wording} wording")
+    png = plot(curve, baseline, out, f"clawloop demo (form only, not correctness): {a.method}, "
+                                     f"preference={a.preference}, {a.wording} wording")
     if png:
         print(f"demo: wrote {out} and {png}", flush=True)
     post_to = [u for u in dict.fromkeys([a.post_url, a.url]) if u]

@@ -81,6 +81,8 @@ from clawloop.users import (PERSONAS, LLMRater, LLMUser, Persona, Rater, RuleRat
                             base_url, converse, personas_from, policy_version, post_result)
 
 EVAL_TASKS = ("conversation", "coding", "tool-use")
+PARTS = ("correct", "form", "correct_in_form", "correct_off_form")
+"""The built-in rater's halves, and the right results within and outside the persona's form."""
 PROBLEM_SETS = ("auto", "tiny", "word")
 CODING_FILE = "data/eval_coding.jsonl"
 WORD_FILE = "data/eval_word_problems.jsonl"
@@ -147,6 +149,12 @@ class Measure:
         if isinstance(self.rater, RuleRater) and out:  # the two halves of the built-in score, apart
             got = [self.rater.parts(self.persona, p, a) for p, (_, _, a) in zip(self.problems, out)]
             parts = {k: sum(g[k] for g in got) / len(got) for k in ("correct", "form")}
+            # right results among the answers in the persona's form and among the others: a model can be
+            # better at a task in one form than another, so a move between forms changes `correct` by
+            # itself; these two say whether the model lost what it knew within a form
+            for key, want in (("correct_in_form", True), ("correct_off_form", False)):
+                sel = [g["correct"] for g in got if g["form"] == want]
+                parts[key] = sum(sel) / len(sel) if sel else None
         return {"score": sum(valid) / len(valid) if valid else None, "rated": len(valid), "asked": len(out),
                 **parts,
                 "policy_version": max(v for _, v, _ in out) if out else -1,
@@ -195,7 +203,7 @@ def train_persona(a: argparse.Namespace, url: str, client: Any, persona: Persona
             m = measure(client, f"after update {policy_version(url) - v0}")
             last_v = m["policy_version"]
             curve.append({"updates": last_v - v0, "policy_version": last_v, "score": m["score"], "rated": m["rated"],
-                          **{k: m[k] for k in ("correct", "form") if k in m},
+                          **{k: m[k] for k in PARTS if k in m},
                           "minutes": (time.time() - t0) / 60, "answers": m["answers"]})
             bar.update(min(last_v - v0, a.train_updates) - bar.done, note=f"score {_fmt(m['score'])}")
     return curve, stats
@@ -233,11 +241,11 @@ def run_personas(a: argparse.Namespace, client_for: Any) -> dict[str, Any]:
             except Exception:  # noqa: BLE001 - not a clawloop: no policy version, measured once
                 trains = False
                 print(f"eval: {url} reports no policy version; measured once, not trained", flush=True)
-            curve, stats = train_persona(a, url, client, persona, user, measure, t0) if trains else ([], {})
+            curve, stats = train_persona(a, url, client, persona, user, measure, time.time()) if trains else ([], {})
             after = curve[-1]["score"] if curve else None
             rec = {"before": before["score"], "after": after, "updates": curve[-1]["updates"] if curve else 0,
-                   **{f"{k}_before": before[k] for k in ("correct", "form") if k in before},
-                   **{f"{k}_after": curve[-1][k] for k in ("correct", "form") if curve and k in curve[-1]},
+                   **{f"{k}_before": before[k] for k in PARTS if k in before},
+                   **{f"{k}_after": curve[-1][k] for k in PARTS if curve and k in curve[-1]},
                    "policy_version_before": before["policy_version"], "rated": before["rated"],
                    "asked": before["asked"], "curve": curve, "answers_before": before["answers"],
                    "users": stats, "user": "llm" if a.user_model_url else "rules",
@@ -247,7 +255,7 @@ def run_personas(a: argparse.Namespace, client_for: Any) -> dict[str, Any]:
                 rec["rater_calls"] = rater.calls
             out["personas"][persona.name] = rec
             parts = "".join(f" {k}={_fmt(rec.get(k + '_before'))}->{_fmt(rec.get(k + '_after'))}"
-                            for k in ("correct", "form") if k + "_before" in rec)
+                            for k in PARTS if k + "_before" in rec)
             print(f"persona={persona.name} before={_fmt(rec['before'])} after={_fmt(after)} "
                   f"updates={rec['updates']} rated={rec['rated']}/{rec['asked']} user={rec['user']} "
                   f"rater={rec['rater']}{parts}", flush=True)
@@ -532,7 +540,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=16, help="--rollout-batch-size of the started clawloop up.")
     ap.add_argument("--lr", type=float, default=None, help="--lr of the started clawloop up (default: its own).")
     ap.add_argument("--settle-s", type=float, default=10.0)
-    ap.add_argument("--max-minutes", type=float, default=60.0)
+    ap.add_argument("--max-minutes", type=float, default=7.0,
+                    help="Training time per persona; a policy that stops advancing (the publish gate refusing every "
+                         "candidate) ends its persona's training here, with what was reached.")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default="")
     ap.add_argument("--out", default="eval-result.json")

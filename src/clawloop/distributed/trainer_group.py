@@ -45,6 +45,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
@@ -259,7 +260,12 @@ class TrainerWorker:
         self.group_ready = True
         return True
 
-    def step(self, samples: list[Sample], served_version: int | None) -> dict[str, float]:
+    def step(self, samples: list[Sample], served_version: int | None,
+             reward_history: list[float] | None = None) -> dict[str, float]:
+        if reward_history is not None:  # the driver's loop records every judged reward (the mean baseline)
+            self.trainer.reward_history.clear()
+            self.trainer.reward_history.extend(reward_history)
+            self.trainer.rewards_observed = True
         return self.trainer.step(samples, served_version)
 
     def served_weights(self) -> tuple[dict[str, Any], bool]:
@@ -347,6 +353,8 @@ class TrainerGroup:
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self.step_timeout_s, self.start_timeout_s, self.max_restarts = step_timeout_s, start_timeout_s, max_restarts
         self.use_lora = bool(cfg.train.use_lora)
+        self.reward_history: deque[float] = deque(maxlen=cfg.train.baseline_window)
+        self.rewards_observed = False
         self.version = 0
         self.step_count = 0
         self.tokens_trained = 0
@@ -421,14 +429,20 @@ class TrainerGroup:
                   self.start_timeout_s)
 
     # what TrainerLoop calls
+    def observe_reward(self, s: Sample) -> None:
+        """`Trainer.observe_reward` on the driver: the window goes to every rank with each step."""
+        Trainer.observe_reward(self, s)  # type: ignore[arg-type]
+
     def step(self, samples: list[Sample], served_version: int | None = None) -> dict[str, float]:
         import ray
 
         if self.state != "up":
             raise WorkerLost(f"the trainer group is {self.state}")
         ref = ray.put(samples)
+        hist = list(self.reward_history) if self.rewards_observed else None
         try:
-            stats = self._get([w.step.remote(ref, served_version) for w in self.workers], self.step_timeout_s)[0]
+            stats = self._get([w.step.remote(ref, served_version, hist) for w in self.workers],
+                              self.step_timeout_s)[0]
         except WorkerLost as e:
             self.state, self.last_error = "down", str(e)
             raise

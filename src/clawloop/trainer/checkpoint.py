@@ -68,6 +68,7 @@ def save_checkpoint(trainer: Any, save_dir: str | Path, *, cursor: int, extra: d
         "step": trainer.step_count, "policy_version": trainer.version, "cursor": int(cursor),
         "use_lora": trainer.use_lora, "method": trainer.tc.method, "base_model": trainer.model_path,
         "tokens_trained": trainer.tokens_trained, "saved_at": time.time(),
+        "reward_history": list(getattr(trainer, "reward_history", [])),  # the mean baseline's window
         "torch_rng": torch.get_rng_state().tolist(), "py_rng": repr(random.getstate()),
         **(extra or {}),
     }
@@ -144,6 +145,9 @@ def load_checkpoint(trainer: Any, path: Path) -> dict[str, Any]:
     trainer.step_count = int(state["step"])
     trainer.version = int(state["policy_version"])
     trainer.tokens_trained = int(state.get("tokens_trained", 0))
+    if hasattr(trainer, "reward_history"):
+        trainer.reward_history.clear()
+        trainer.reward_history.extend(float(x) for x in state.get("reward_history", []))
     if "torch_rng" in state:
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
     if "cuda_rng" in state and trainer.device.type == "cuda":

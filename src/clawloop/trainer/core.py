@@ -29,9 +29,15 @@ A step (`Trainer.step`):
    student's sampled response after the hinted prompt (rendered as the turn
    was: `continue_final_message` when the turn continued an assistant
    message), in micro-batches under the token budget: the logprob of each
-   sampled token and, with `distill_topk` K, its K most likely tokens;
+   sampled token and its K most likely tokens (`opd_target` topk/nucleus, and
+   the top-1 that `opd_credit` divergence cuts at: `losses/credit.py`);
 3. RL scores: each sample's reward as it is (any float, never its sign),
    centred per group (`group_normalize`) where samples share a group id;
+   an ungrouped one (a live turn) minus the mean baseline (the leave-one-out
+   mean of the last `baseline_window` judged rewards, `losses.running_baseline`),
+   a negative result scaled by `negative_weight` (0 by default: a -1 says "not
+   this" but not where, and spread over the answer it pushes down the right
+   tokens too; bench/RESULTS.md "Why the loop made the model worse");
    rollout-buffer samples arrive with their advantages already computed;
 4. the batch is cut into `num_steps_per_rollout` mini-batches (slime's
    meaning), each into micro-batches under the token budget; the aggregation
@@ -43,11 +49,13 @@ A step (`Trainer.step`):
    forward over the whole batch comes first, and from the second update on the
    ratio moves and the clip acts (`train/clip_frac`);
 6. per mini-batch, per micro-batch: forward with grad; TIS weights (old vs the
-   engine's logprobs, per token); advantages (score and/or teacher - old,
-   `opd_clip` bounding the latter); PPO-clipped loss, plus the top-K reverse
-   KL (`distill_topk`), the KL to the base weights (`kl_coef` > 0 only) and
-   the entropy bonus (the entropy is measured on every step); backward. Then
-   clip gradients, one AdamW update.
+   engine's logprobs, per token); advantages (score and/or teacher - old with
+   `opd_target` advantage, `opd_clip` bounding the latter); PPO-clipped loss,
+   plus the OPD target's loss up to the divergence point (top-K reverse KL by
+   default, or the nucleus mass), the anchor KL (`anchor_coef` > 0), the KL
+   to the base weights (`kl_coef` > 0; measured whenever the base weights are
+   at hand) and the entropy bonus (the entropy is measured on every step);
+   backward. Then clip gradients, one AdamW update (`lr` 0: `auto_lr`).
 
 Metrics over micro-batches and updates are merged by `metrics.merge_stats`
 (shares of a loss add up, maxima are maxima).
@@ -413,8 +421,8 @@ class Trainer:
             self.opt = torch.optim.AdamW(opt_params, fused=True, **kw)
         except (RuntimeError, TypeError):
             self.opt = torch.optim.AdamW(opt_params, **kw)
-        log.info("trainer on %s%s, lr %g, float32 master weights%s%s", self.device, self.lr,
-                 " with bf16 autocast" if self.autocast_dtype is not None else "",
+        log.info("trainer on %s%s, lr %g, float32 master weights%s%s", self.device,
+                 " with bf16 autocast" if self.autocast_dtype is not None else "", self.lr,
                  ", AdamW state in CPU memory" if self.offload else "", ", LoRA" if self.use_lora else "")
         self.custom_loss = load_custom_loss(t.custom_loss_function_path) if t.custom_loss_function_path else None
         self.step_count = 0
