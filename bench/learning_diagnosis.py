@@ -19,7 +19,10 @@ held-out questions) and asks, per response token:
 3. what `--steps` train steps on that batch do to the logprob of each kind of
    token (the form tokens "The answer is", the digits, the final "."), and to
    the bare right answer of OTHER held-out questions (generalisation of the
-   damage), per objective.
+   damage), per objective;
+4. on the base model: how an instruction's placement changes the right first
+   digit's share among digits (OPD's teacher sees it as a hint), and the
+   greedy right results with each answer form forced (the price of a form).
 
 Prints a table, writes `--out` (JSON) and a PNG of the per-token advantages
 for a few turns beside it.
@@ -88,6 +91,53 @@ def response_logprobs(tr: Trainer, samples: list[Sample]) -> list[torch.Tensor]:
     return [r["lp"] for r in tr.score_responses(tr.model, rows)]
 
 
+def instruction_and_form_costs(model_path: str) -> dict:
+    """The base model's arithmetic (i) at the first token, with the bare instruction placed as a hint, a
+    system message, a prefix, a suffix, or absent: the right first digit's share among digits; (ii) in each
+    answer form, with the form's opening forced: greedy right results. 64 held-out sums."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from clawloop.trainer.core import teacher_messages
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    m = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    qs = [q for q in heldout_questions(128, seed=11) if q["skill"] in ("add", "sub")][:64]
+    digits = torch.tensor([i for t, i in tok.get_vocab().items() if t.isdigit()])
+    instr = style_instruction("bare")
+    places = {
+        "none": lambda q: [{"role": "user", "content": q}],
+        "hint (OPD's teacher)": lambda q: teacher_messages([{"role": "user", "content": q}], instr),
+        "system": lambda q: [{"role": "system", "content": instr}, {"role": "user", "content": q}],
+        "prefix": lambda q: [{"role": "user", "content": f"{instr} {q}"}],
+        "suffix": lambda q: [{"role": "user", "content": f"{q} {instr}"}],
+    }
+    out: dict = {"first_digit_share": {}, "greedy_right_by_form": {}}
+    with torch.no_grad():
+        for name, make in places.items():
+            share = 0.0
+            for q in qs:
+                p = torch.softmax(m(torch.tensor([render_prompt(tok, make(q["question"]), None)])).logits[0, -1], -1)
+                first = tok.encode(q["answer"], add_special_tokens=False)[0]
+                share += float(p[first] / p[digits].sum())
+            out["first_digit_share"][name] = round(share / len(qs), 3)
+        for form, opening in (("sentence", "The answer is "), ("upper", "THE ANSWER IS "),
+                              ("lower", "the answer is "), ("bare", "")):
+            right = 0
+            for q in qs:
+                ids = render_prompt(tok, [{"role": "user", "content": q["question"]}], None)
+                ids = ids + tok.encode(opening, add_special_tokens=False)
+                ans = tok.encode(q["answer"], add_special_tokens=False)
+                lp = torch.log_softmax(m(torch.tensor([ids + ans])).logits[0], -1)  # (L, V)
+                n = len(ids)
+                if form == "bare":  # the form itself is the first digit: right share among digits, then greedy
+                    ok = int(digits[lp[n - 1, digits].argmax()]) == ans[0]
+                    right += ok and all(int(lp[n - 1 + k].argmax()) == ans[k] for k in range(1, len(ans)))
+                else:
+                    right += all(int(lp[n - 1 + k].argmax()) == ans[k] for k in range(len(ans)))
+            out["greedy_right_by_form"][form] = round(right / len(qs), 3)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lr", type=float, default=5e-4, help="The persona evaluation's learning rate until now.")
@@ -105,6 +155,11 @@ def main() -> int:
     train_q, probe_q = qs[:16], qs[16:]
     data = Path(tempfile.mkdtemp(prefix="clawloop-diag-"))
     result: dict = {"lr": a.lr, "steps": a.steps, "hint": HINT, "objectives": {}}
+    costs = instruction_and_form_costs(model)
+    result["base_model"] = costs
+    print("right first digit's share among digits, by where 'Answer with just the number.' is:",
+          costs["first_digit_share"], flush=True)
+    print("greedy right results with the answer's form forced:", costs["greedy_right_by_form"], flush=True)
     extra = dict(f.split("=", 1) for f in a.flag)
     result["flags"] = extra
     for name, flags in OBJECTIVES.items():
@@ -182,6 +237,9 @@ def main() -> int:
     out.write_text(json.dumps(result, indent=1))
     png = plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {png}")
+    print(json.dumps({"bench": "learning_diagnosis", "lr": a.lr, "steps": a.steps, **{
+        f"{name}: bare right answers, other questions": round(rec["delta_lp_bare_answer_other_questions"], 3)
+        for name, rec in result["objectives"].items()}}))
     return 0
 
 

@@ -118,7 +118,8 @@ def test_llm_users_and_rater_at_an_openai_url(make_gateway, tmp_path):
     assert llm.store.turns_to_judge("offline", 100) == []   # the simulation's own calls are never trained on
     # posted to the policy's dashboard, since --url is a clawloop
     listed = httpx.get(policy.url + "/api/results").json()["data"]
-    assert listed and listed[0]["kind"] == "eval" and listed[0]["name"].startswith("persona teacher (llm users")
+    assert listed and listed[0]["kind"] == "eval" and listed[0]["name"].startswith("persona teacher, ")
+    assert "(llm users" in listed[0]["name"]
 
 
 def test_checkpoint_tasks_and_posting_to_a_dashboard(random_model_dir, gateway, tmp_path):

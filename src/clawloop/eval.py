@@ -492,12 +492,19 @@ def dashboard_results(result: dict[str, Any], a: argparse.Namespace) -> list[dic
     if result["mode"] == "personas":
         out = []
         for name, r in result["personas"].items():
-            curve = ([{"updates": 0, "score": r["before"]}] if r["before"] is not None else []) + [
-                {"updates": int(c["updates"]), "score": c["score"]} for c in r["curve"] if c["score"] is not None]
-            out.append({"kind": "eval", "name": f"persona {name} ({who})", "created_at": now, "curve": curve,
+            halves = ("correct", "form")  # the built-in rater's: plotted beside the score
+            curve = ([{"updates": 0, "score": r["before"], **{k: r[k + "_before"] for k in halves
+                                                               if r.get(k + "_before") is not None}}]
+                     if r["before"] is not None else []) + [
+                {"updates": int(c["updates"]), "score": c["score"],
+                 **{k: c[k] for k in halves if c.get(k) is not None}} for c in r["curve"] if c["score"] is not None]
+            wording = "" if a.user_model_url else f", {a.wording} wording"
+            out.append({"kind": "eval", "name": f"persona {name}, {a.method}{wording} ({who})", "created_at": now,
+                        "curve": curve,
                         "summary": {"before": r["before"], "after": r["after"], "updates": r["updates"],
-                                    **{k: r[k] for k in ("correct_before", "correct_after", "form_before",
-                                                         "form_after") if k in r},
+                                    "method": a.method,
+                                    **{f"{k}_{w}": r[f"{k}_{w}"] for k in PARTS for w in ("before", "after")
+                                       if f"{k}_{w}" in r},
                                     "rated": f"{r['rated']}/{r['asked']}", "problem_set": a.problem_set,
                                     "problems": a.problems}})
         return out

@@ -371,6 +371,12 @@ function latestCurve() {
 function curvePlot(rs) {
   const series = rs.map((r, i) => line(i ? `${r.name} (${stamp(r.created_at)})` : r.name,
     r.curve.map(p => [p.updates, p.score]), i, { dots: true, dash: i > 0 }));
+  // an evaluation's halves beside its score: what got better and what can get worse
+  const halves = [["correct", "right result"], ["form", "form"]];
+  if (rs.length === 1) halves.forEach(([key, label], k) => {
+    const pts = rs[0].curve.filter(p => typeof p[key] === "number").map(p => [p.updates, p[key]]);
+    if (pts.length) series.push(line(label, pts, 2 + k, { dots: true, dash: true }));
+  });
   return h("div", { class: "chart wide" }, plot({ series, x: "num", zero: true, W: 620, H: 230 }) || h("div", { class: "empty" }, "empty curve"),
     h("div", { class: "legend" }, series.map(se => h("span", {}, swatch(se.color), se.name))),
     h("div", { class: "axis-label" }, "score by policy updates"));
