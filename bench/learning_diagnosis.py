@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import tempfile
 from pathlib import Path

@@ -11,7 +11,7 @@ import torch
 
 from clawloop.config import ConfigError
 from clawloop.records import Sample
-from clawloop.trainer.core import resolve_train_device
+from clawloop.trainer.device import resolve_train_device
 from conftest import make_cfg
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

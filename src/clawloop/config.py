@@ -165,7 +165,7 @@ class TrainConfig:
     num_steps_per_rollout: int = opt(1, "Optimizer updates per batch, as in slime: the batch is cut into N "
                                         "mini-batches, old logprobs are taken before the first update, so the PPO "
                                         "clip acts from the second update on.", flags=("--num-steps-per-rollout",))
-    lr: float = opt(0.0, "AdamW learning rate. 0: by the trained parameters' count (`trainer.core.auto_lr`): 2e-4 "
+    lr: float = opt(0.0, "AdamW learning rate. 0: by the trained parameters' count (`trainer.device.auto_lr`): 2e-4 "
                          "under 10 M (the shipped tiny model), 1e-5 above (full fine-tuning of a real model), 1e-4 for "
                          "a LoRA adapter.", flags=("--lr",))
     weight_decay: float = opt(0.0, "AdamW weight decay.", flags=("--weight-decay",))

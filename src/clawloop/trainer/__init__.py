@@ -7,7 +7,8 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-from clawloop.trainer.core import Trainer, resolve_train_device, teacher_messages
+from clawloop.trainer.core import Trainer, teacher_messages
+from clawloop.trainer.device import resolve_train_device
 from clawloop.trainer.gate import Check, PublishGate, gate_checks
 from clawloop.trainer.loop import TrainerLoop
 
