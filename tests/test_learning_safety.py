@@ -18,7 +18,7 @@ from clawloop.losses import combined_advantages, nucleus_mass_loss, running_base
 from conftest import make_cfg
 
 OLD = {"train__baseline": "none", "train__negative_weight": "1", "train__opd_credit": "all",
-       "train__opd_target": "advantage"}
+       "train__opd_target": "advantage", "train__anchor_coef": "0"}
 
 
 # ---------------------------------------------------------------- pure functions, by hand

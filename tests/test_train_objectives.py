@@ -26,7 +26,7 @@ def trainer_for(model_dir, tmp_path, **flags):
     # the raw-score objective these hand-worked numbers are written for (the default baseline, negative weight
     # and OPD target are tested in tests/test_learning_safety.py)
     raw = {"train__baseline": "none", "train__negative_weight": "1", "train__opd_target": "advantage",
-           "train__opd_credit": "all"}
+           "train__opd_credit": "all", "train__anchor_coef": "0"}
     cfg = make_cfg(model_dir, tmp_path, **{"train__method": "binary", "train__lr": "1e-3", **raw, **flags})
     return Trainer(cfg, str(model_dir))
 

@@ -218,9 +218,10 @@ class TrainConfig:
                               "teacher distribution puts the most mass on the student's top-K tokens).",
                               flags=("--hint-selection",), choices=("longest", "overlap"))
     hint_overlap_topk: int = opt(20, "--hint-selection overlap: how many of the student's top tokens are compared.")
-    anchor_coef: float = opt(0.0, "Anchor: coefficient of a full-distribution KL to the base weights on the response "
-                             "positions the learning signal does not name (every position of a sample without an RL "
-                             "advantage except its OPD divergence point). 0: off.", flags=("--anchor-coef",))
+    anchor_coef: float = opt(1.0, "OPD's anchor (opd, combine): coefficient of a full-distribution KL to the base "
+                             "weights on a corrected answer's positions other than the one the teacher named (its "
+                             "divergence point), and on samples with no RL term; it holds what the correction did not "
+                             "concern, e.g. the digits after a rejected opener. 0: off.", flags=("--anchor-coef",))
     kl_coef: float = opt(0.0, "KL-to-reference coefficient (0: off).", flags=("--kl-coef", "--kl-loss-coef"))
     kl_type: str = opt("low_var_kl", "KL estimator.", flags=("--kl-loss-type",),
                        choices=("k1", "k2", "k3", "low_var_kl"))

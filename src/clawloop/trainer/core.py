@@ -330,7 +330,10 @@ class Trainer:
         self.token_opd = self.opd_target == "advantage"
         # Frozen base weights for the OPD teacher (--teacher frozen) and the KL reference: under LoRA the
         # model with its adapter switched off is exactly that, so only full fine-tuning keeps a copy.
-        needs_frozen = (self.use_opd and t.teacher == "frozen") or t.kl_coef > 0 or t.anchor_coef > 0
+        # the anchor holds the positions of a corrected answer the teacher did not name: an OPD thing (binary
+        # trains only on accepted answers under negative_weight 0, so it would have nothing to anchor)
+        self.anchors = self.use_opd and t.anchor_coef > 0
+        needs_frozen = (self.use_opd and t.teacher == "frozen") or t.kl_coef > 0 or self.anchors
         self.frozen = None
         if needs_frozen and not self.use_lora:
             self.frozen = copy.deepcopy(base).eval().requires_grad_(False)
@@ -676,9 +679,9 @@ class Trainer:
                          for s, t in zip(samples, teacher)], -1, torch.long, dev)  # (B, L-1)
             agrees = top1 == tokens[:, 1:]  # (B, L-1)
         ref_lp = ref_logits = None
-        if ref or self.tc.anchor_coef > 0:
+        if ref or self.anchors:
             with self.frozen_model() as base:
-                ref_lp, ref_logits = self._eval_logprobs(base, tokens, attn, want_logits=self.tc.anchor_coef > 0)
+                ref_lp, ref_logits = self._eval_logprobs(base, tokens, attn, want_logits=self.anchors)
             if not ref:
                 ref_lp = None
         temps = torch.tensor([_sampling(s, "temperature") for s in samples], device=dev)  # (B,)
