@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clawloop.losses import combined_advantages, nucleus_mass_loss, running_baseline, teacher_nucleus
+from clawloop.losses import anchor_kl_loss, combined_advantages, nucleus_mass_loss, running_baseline, teacher_nucleus
 from conftest import make_cfg
 
 OLD = {"train__baseline": "none", "train__negative_weight": "1", "train__opd_credit": "all",
@@ -82,6 +82,23 @@ def test_nucleus_mass_loss_by_hand():
     # masked positions contribute nothing
     loss0, _ = nucleus_mass_loss(logits.detach(), ids, t_lp, torch.zeros(1, 1))
     assert float(loss0) == 0.0
+
+
+def test_anchor_kl_by_hand():
+    """Policy [0.5, 0.5] against reference [0.25, 0.75] at the one anchored position: KL = 0.5 ln 2 +
+    0.5 ln(2/3); a masked position (policy far from the reference) adds nothing; coef scales it; the
+    gradient pulls the policy towards the reference."""
+    import math
+
+    logits = torch.tensor([[[0.5, 0.5], [0.99, 0.01]]]).log().requires_grad_(True)  # (1, 2, 2)
+    ref = torch.tensor([[[0.25, 0.75], [0.01, 0.99]]]).log()
+    mask = torch.tensor([[1.0, 0.0]])
+    want = 0.5 * math.log(2) + 0.5 * math.log(2 / 3)
+    loss, stats = anchor_kl_loss(logits, ref, mask, coef=2.0)
+    assert float(loss) == pytest.approx(2 * want) and stats["train/anchor_kl"] == pytest.approx(want)
+    loss.backward()
+    assert float(logits.grad[0, 0, 1]) < 0 < float(logits.grad[0, 0, 0])  # descent raises token 1 (ref 0.75)
+    assert logits.grad[0, 1].abs().sum() == 0
 
 
 def test_negative_weight_and_baseline_in_the_trainers_scores(random_model_dir, tmp_path):
