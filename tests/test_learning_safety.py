@@ -179,3 +179,33 @@ def test_default_binary_learns_the_form_and_keeps_the_arithmetic(tiny_model, tmp
     assert gained > 0.3, f"the accepted answer gained only {gained:.2f} nats"
     lost, _ = run(OLD)
     assert lost < -1.0, f"the old settings were expected to damage the arithmetic, got {lost:.2f}"
+
+
+def test_the_trainer_anchors_what_no_signal_names(random_model_dir, tmp_path, monkeypatch):
+    """combine: a corrected answer (score -1, hint; no RL term under negative weight 0) is anchored on every
+    response position but its divergence point; an accepted answer (an RL term) is not anchored at all."""
+    import clawloop.trainer.core as core
+    from clawloop.trainer import Trainer
+    from test_train_objectives import samples_for
+
+    cfg = make_cfg(random_model_dir, tmp_path, train__method="combine")
+    tr = Trainer(cfg, str(random_model_dir))
+    seen = {}
+    real = core.anchor_kl_loss
+
+    def spy(logits, ref_logits, mask, **kw):
+        seen["mask"] = mask.detach().clone()
+        return real(logits, ref_logits, mask, **kw)
+
+    monkeypatch.setattr(core, "anchor_kl_loss", spy)
+    samples = samples_for(tr.tokenizer, n=2, rewards=[-1.0, 1.0], hint="Answer with just the number.")
+    samples[1] = samples[1].__class__(**{**samples[1].__dict__, "hint": None})
+    tr.step(samples)
+    b = tr._tensorize(samples, tr.teacher_signals(samples, [s.hint for s in samples]), [0.0, 2.0], ref=False)
+    first = core.until_divergence(b.teacher_agrees, b.mask) & ~b.teacher_agrees.bool()  # (B, L-1)
+    order = sorted(range(2), key=lambda i: len(samples[i].tokens))  # micro-batch rows are sorted by length
+    m = seen["mask"]
+    corrected, accepted = order.index(0), order.index(1)
+    assert float(m[accepted].sum()) == 0
+    want = b.mask[0].bool() & ~first[0]
+    assert m[corrected].bool()[:want.shape[0]].tolist() == want.tolist() and int(want.sum()) > 0
