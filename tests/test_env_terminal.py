@@ -295,11 +295,17 @@ def test_hanging_solution_and_hanging_tests_time_out(tmp_path):
 def test_fork_bomb_is_stopped_and_the_env_keeps_working(env):
     t0 = time.monotonic()
     call(env, "shell_exec", command=":(){ :|:& };:", timeout=3)
-    out = ""
-    while "process limit" not in out and time.monotonic() - t0 < 30:
+    # The watcher may kill the shell between two calls (the next call's note says so and runs in a new
+    # shell) or during one (that call says so; the call after it runs in a new shell): either way the
+    # agent is told, and a later command works.
+    out, seen = "", ""
+    while time.monotonic() - t0 < 30:
         time.sleep(0.5)
         out, _ = call(env, "shell_exec", command="echo alive", timeout=3)
-    assert "process limit" in out and out.endswith("alive\n[exit code 0]")
+        seen += out
+        if "process limit" in seen and out.endswith("alive\n[exit code 0]"):
+            break
+    assert "process limit" in seen and out.endswith("alive\n[exit code 0]"), (seen, out)
     out, _ = call(env, "shell_exec", command="echo hello > out.txt && echo ok")
     assert out == "ok\n[exit code 0]"
     assert env.evaluate().success
