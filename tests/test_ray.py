@@ -483,7 +483,7 @@ def test_f_train_service_runs_its_steps_on_a_data_parallel_group(cluster, random
     import ray
 
     from clawloop.runtime import open_store
-    from clawloop.trainer import judge_name_of
+    from clawloop.naming import judge_name
     from clawloop.trainer.service import run_trainer_service
     from clawloop.trajectories import import_sessions
     from test_train_standalone import _judge_all, _write_sessions
@@ -495,7 +495,7 @@ def test_f_train_service_runs_its_steps_on_a_data_parallel_group(cluster, random
     _write_sessions(data, 20)
     import_sessions(cfg, data)
     store = open_store(cfg)
-    _judge_all(store, judge_name_of(cfg))
+    _judge_all(store, judge_name(cfg))
     store.close()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

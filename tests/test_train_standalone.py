@@ -51,7 +51,8 @@ def test_train_from_an_imported_store_many_steps_and_a_restart_uses_every_sample
     steps, stops (checkpoint), resumes and trains on the rest: >= 10 steps with the version advancing,
     no sample dropped as stale, every judged turn used exactly once across the restart."""
     from clawloop.runtime import open_store
-    from clawloop.trainer import build_loop, judge_name_of
+    from clawloop.naming import judge_name
+    from clawloop.trainer import build_loop
     from clawloop.trajectories import import_sessions
 
     flags = dict(train__method="binary", train__rollout_batch_size=str(BATCH), train__lr="1e-3",
@@ -62,7 +63,7 @@ def test_train_from_an_imported_store_many_steps_and_a_restart_uses_every_sample
     assert import_sessions(cfg, data) == (N_TURNS, N_TURNS)
     store = open_store(cfg)
     try:
-        name = judge_name_of(cfg)
+        name = judge_name(cfg)
         _judge_all(store, name)
         judged = {turn.id for _, turn, _ in store.judged_turns(name, 0, 10 * N_TURNS)}
         assert len(judged) == N_TURNS
@@ -190,7 +191,7 @@ def test_train_service_steps_and_exit_when_idle(random_model_dir, tmp_path, caps
     import signal
 
     from clawloop.runtime import open_store
-    from clawloop.trainer import judge_name_of
+    from clawloop.naming import judge_name
     from clawloop.trainer.service import run_trainer_service
     from clawloop.trajectories import import_sessions
 
@@ -200,7 +201,7 @@ def test_train_service_steps_and_exit_when_idle(random_model_dir, tmp_path, caps
     _write_sessions(data, 28)
     import_sessions(cfg, data)
     store = open_store(cfg)
-    _judge_all(store, judge_name_of(cfg))
+    _judge_all(store, judge_name(cfg))
     store.close()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -15,6 +15,17 @@ from urllib.parse import urlparse
 STORE_FILE = "clawloop.db"
 
 
+def model_path(cfg: Any) -> str:
+    """The served and trained weights: `model.path`, or the tiny model clawloop builds (the one place
+    this default is resolved). `cfg` is the whole config or its model section."""
+    m = getattr(cfg, "model", cfg)
+    if m.path:
+        return str(Path(m.path).expanduser())
+    from clawloop.tinymodel.build import default_model_dir
+
+    return str(default_model_dir())
+
+
 def store_path(cfg: Any) -> Path:
     """The SQLite store of `cfg.data_dir`."""
     return Path(cfg.data_dir) / STORE_FILE

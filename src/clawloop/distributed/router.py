@@ -178,10 +178,10 @@ class RayEngine:
 
     @classmethod
     def from_config(cls, cfg: Any) -> "RayEngine":
-        from clawloop.trainer import model_path_of
+        from clawloop.naming import model_path
 
         r, m = cfg.ray, cfg.model
-        path = model_path_of(cfg)
+        path = model_path(cfg)
         if not Path(path).exists():
             raise FileNotFoundError(f"model.path: {path} does not exist (build the tiny model with "
                                     "`clawloop tiny-model`, or pass --model-path)")
@@ -198,10 +198,10 @@ class RayEngine:
     def judge_from_config(cls, cfg: Any) -> "RayEngine":
         """`--judge frozen --judge-workers N`: N judge actors on the --judge-model folder (else the base
         model). Nothing ever publishes to them; the judge loop's calls spread over them (least busy)."""
-        from clawloop.trainer import model_path_of
+        from clawloop.naming import model_path
 
         r, m = cfg.ray, cfg.model
-        path = str(Path(cfg.judge.model).expanduser()) if cfg.judge.model else model_path_of(cfg)
+        path = str(Path(cfg.judge.model).expanduser()) if cfg.judge.model else model_path(cfg)
         if not Path(path).exists():
             raise FileNotFoundError(f"judge.model: {path} does not exist")
         kw = dict(device=m.device, dtype=m.dtype, max_batch_size=m.max_batch_size, max_model_len=m.max_model_len,

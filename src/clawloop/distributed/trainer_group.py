@@ -374,10 +374,10 @@ class TrainerGroup:
     @classmethod
     def from_config(cls, cfg: Any) -> "TrainerGroup":
         from clawloop.distributed.router import actor_prefix
-        from clawloop.trainer import model_path_of
+        from clawloop.naming import model_path
 
         r = cfg.ray
-        return cls(cfg, model_path_of(cfg), workers=r.trainer_workers, num_cpus=r.trainer_num_cpus if r.trainer_num_cpus >= 0 else 1.0,
+        return cls(cfg, model_path(cfg), workers=r.trainer_workers, num_cpus=r.trainer_num_cpus if r.trainer_num_cpus >= 0 else 1.0,
                    num_gpus=r.trainer_num_gpus, step_timeout_s=r.step_timeout_s, start_timeout_s=r.start_timeout_s,
                    max_restarts=r.max_restarts, name_prefix=actor_prefix(cfg))
 
@@ -668,7 +668,7 @@ class RayTrainerLoop(TrainerLoop):
 def build_ray_loop(cfg: Any, engine: Any, store: Any, *, loop: Any = None,
                    group: TrainerGroup | None = None) -> RayTrainerLoop:
     """The trainer group and its loop, resumed like `trainer.build_loop`."""
-    from clawloop.trainer import judge_name_of
+    from clawloop.naming import judge_name
 
     group = group or TrainerGroup.from_config(cfg)
     source = None
@@ -679,7 +679,7 @@ def build_ray_loop(cfg: Any, engine: Any, store: Any, *, loop: Any = None,
         tok = getattr(engine, "tokenizer", None) or AutoTokenizer.from_pretrained(group.model_path)
         source = BufferSource(cfg.train.buffer_url, tok, estimator=cfg.train.advantage_estimator)
     try:
-        tl = RayTrainerLoop(cfg, group, store, engine, judge_name_of(cfg), loop=loop, buffer_source=source)
+        tl = RayTrainerLoop(cfg, group, store, engine, judge_name(cfg), loop=loop, buffer_source=source)
         tl.resume()
         if tl.resumed_from is None and engine is not None:
             group.set_version(engine.policy_version)  # the next publish is one past what is served

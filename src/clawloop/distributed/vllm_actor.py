@@ -193,10 +193,10 @@ class RayVLLMEngine(VLLMEngine):
         from clawloop.config import ConfigError
         from clawloop.distributed.router import _cpus, actor_prefix
         from clawloop.engines.vllm import find_vllm_python
-        from clawloop.tinymodel.build import default_model_dir
+        from clawloop.naming import model_path
 
         m, r = cfg.model, cfg.ray
-        path = m.path or str(default_model_dir())
+        path = model_path(cfg)
         if not Path(path).exists():
             raise ConfigError(f"model.path: {path} does not exist (a local HF folder: clawloop never downloads)")
         return cls(path, replicas=m.engine_replicas, num_cpus=_cpus(r.engine_num_cpus), num_gpus=r.engine_num_gpus,

@@ -193,11 +193,9 @@ class HFEngine:
 
     @classmethod
     def from_config(cls, cfg: Any) -> "HFEngine":
-        path = cfg.model.path
-        if not path:
-            from clawloop.tinymodel.build import default_model_dir
+        from clawloop.naming import model_path
 
-            path = str(default_model_dir())
+        path = model_path(cfg)
         if not Path(path).exists():
             raise FileNotFoundError(
                 f"model.path: {path} does not exist (build the tiny model with `clawloop tiny-model`, "

@@ -267,11 +267,9 @@ class VLLMEngine:
     def from_config(cls, cfg: Any) -> "VLLMEngine":
         m = cfg.model
         python = None if m.engine_urls else find_vllm_python(m.vllm_python)
-        path = m.path
-        if not path:
-            from clawloop.tinymodel.build import default_model_dir
+        from clawloop.naming import model_path
 
-            path = str(default_model_dir())
+        path = model_path(cfg)
         if not Path(path).exists():
             raise ConfigError(f"model.path: {path} does not exist (a local HF folder: clawloop never downloads; "
                               "build the tiny model with `clawloop tiny-model`)")

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from typing import Any, Callable
 
+from clawloop.naming import judge_name, model_path
 from clawloop.trainer.core import Trainer, teacher_messages
 from clawloop.trainer.device import resolve_train_device
 from clawloop.trainer.gate import Check, PublishGate, gate_checks
@@ -14,23 +15,7 @@ from clawloop.trainer.loop import TrainerLoop
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PublishGate", "Trainer", "TrainerLoop", "attach_trainer", "judge_name_of", "resolve_train_device",
-           "teacher_messages"]
-
-
-def judge_name_of(cfg: Any) -> str:
-    """The name the judge loop writes its verdicts under (what the trainer reads)."""
-    from clawloop.naming import judge_name
-
-    return judge_name(cfg)
-
-
-def model_path_of(cfg: Any) -> str:
-    if cfg.model.path:
-        return cfg.model.path
-    from clawloop.tinymodel.build import default_model_dir
-
-    return str(default_model_dir())
+__all__ = ["PublishGate", "Trainer", "TrainerLoop", "attach_trainer", "resolve_train_device", "teacher_messages"]
 
 
 def build_loop(cfg: Any, engine: Any, store: Any, *, loop: asyncio.AbstractEventLoop | None = None,
@@ -39,16 +24,16 @@ def build_loop(cfg: Any, engine: Any, store: Any, *, loop: asyncio.AbstractEvent
     `PublishGate` over `checks` (default: `gate_checks(cfg)`) measures its baseline here, on the weights
     served at start."""
     device = resolve_train_device(cfg.train.device, cfg.train.train_gpus)
-    trainer = Trainer(cfg, model_path_of(cfg), tokenizer=getattr(engine, "tokenizer", None), device=device)
+    trainer = Trainer(cfg, model_path(cfg), tokenizer=getattr(engine, "tokenizer", None), device=device)
     if checks is None and engine is not None:
-        checks = gate_checks(cfg, model_path_of(cfg))
+        checks = gate_checks(cfg, model_path(cfg))
     gate = PublishGate.from_config(cfg, checks) if engine is not None and checks is not None else None
     source = None
     if cfg.train.source == "buffer":
         from clawloop.buffer import BufferSource
 
         source = BufferSource(cfg.train.buffer_url, trainer.tokenizer, estimator=cfg.train.advantage_estimator)
-    tl = TrainerLoop(cfg, trainer, store, engine, judge_name_of(cfg), loop=loop, buffer_source=source, gate=gate)
+    tl = TrainerLoop(cfg, trainer, store, engine, judge_name(cfg), loop=loop, buffer_source=source, gate=gate)
     tl.resume()
     if tl.resumed_from is None and engine is not None:
         trainer.version = engine.policy_version  # the next publish is one past what is served (runtime.continue_versions)
@@ -59,7 +44,7 @@ def build_loop(cfg: Any, engine: Any, store: Any, *, loop: asyncio.AbstractEvent
         if top is not None:
             trainer.version = max(trainer.version, top + 1)
     if gate is not None:
-        gate.begin(trainer, model_path_of(cfg))  # the baseline and the first rollback point: what is served now
+        gate.begin(trainer, model_path(cfg))  # the baseline and the first rollback point: what is served now
     return tl
 
 
@@ -70,7 +55,7 @@ def attach_trainer(cfg: Any, engine: Any, store: Any, parts: dict[str, Any],
     The publish gate's checks are loaded here, before serving starts, so a bad
     --regression-set stops `clawloop up` with a config error."""
     holder: dict[str, TrainerLoop] = {}
-    checks = gate_checks(cfg, model_path_of(cfg))
+    checks = gate_checks(cfg, model_path(cfg))
 
     def trainer_stats() -> dict[str, float]:
         tl = holder.get("loop")
