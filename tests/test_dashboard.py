@@ -310,14 +310,14 @@ class Chromium:
 def test_the_page_in_a_real_browser(random_model_dir, tmp_path, monkeypatch):
     """`clawloop up`'s parts in this process (own engine: it trains and publishes) with users talking."""
     from clawloop.engines.hf import HFEngine
-    from clawloop.runtime import build_app
+    from clawloop.apps.serve import build_app
 
     monkeypatch.setattr(dashboard, "SAMPLE_EVERY_S", 0.25)  # a few seconds of traffic make a visible history
     cfg = make_cfg(random_model_dir, tmp_path / "data", judge__poll_interval_s=0.1, train__rollout_batch_size=2,
                    train__lr=1e-3)
     eng = HFEngine(random_model_dir, device="cpu", dtype="float32", max_batch_size=16, max_model_len=1024)
     app, parts = build_app(cfg, judge=True, train=True, engine=eng)
-    store = parts["store"]
+    store = parts.store
     server = ServerThread(app).start()  # the app's lifespan starts and stops the engine
     chromium = Chromium(tmp_path)
     try:

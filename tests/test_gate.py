@@ -261,7 +261,7 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
 
     from clawloop import cli
     from clawloop.engines.hf import HFEngine
-    from clawloop.runtime import build_app
+    from clawloop.apps.serve import build_app
     from clawloop.tinymodel.corpus import extract_answer, heldout_questions
 
     rm = tmp_path / "wrong_rm.py"
@@ -286,7 +286,7 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
             return right / len(probe), versions
 
         deadline = time.time() + 60
-        while "trainer" not in parts or parts["trainer"].gate.snapshot is None:  # baseline measured
+        while parts.trainer is None or parts.trainer.gate.snapshot is None:  # baseline measured
             assert time.time() < deadline, "the trainer did not start"
             time.sleep(0.1)
         v0 = eng.policy_version
@@ -311,7 +311,7 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
         users = [threading.Thread(target=user, args=(k,), daemon=True) for k in range(4)]
         for t in users:
             t.start()
-        tl = parts["trainer"]
+        tl = parts.trainer
         deadline = time.time() + 120
         try:
             while tl.gate.counts["refused"] < 2:
@@ -351,20 +351,21 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
         assert "REFUSED" in line and "arithmetic" in line and "candidates refused" in line, line
     finally:
         server.stop()
-        parts["store"].close()
+        parts.store.close()
 
 
 def test_clawloop_up_refuses_a_bad_regression_set_before_it_serves(tmp_path, random_model_dir):
-    """`attach_trainer` (what `clawloop up` calls while it builds the app, before uvicorn starts) loads
+    """`trainer_service` (what `clawloop up` calls while it builds the app, before uvicorn starts) loads
     the checks: a checker that does not load is a config error naming the key, not a dead trainer thread."""
-    from clawloop.trainer import attach_trainer
+    from clawloop.apps.serve import trainer_service
+    from clawloop.apps.services import Parts
 
     f = _write(tmp_path, [{"prompt": "q", "check": "nowhere.py:fn"}])
     cfg = make_cfg(random_model_dir, tmp_path / "d", gate__regression_set=str(f))
-    background: list = []
+    parts = Parts(engine=None, store=None)
     with pytest.raises(ConfigError, match=r"gate.regression_set: .*set.jsonl:1.*nowhere.py"):
-        attach_trainer(cfg, None, None, {}, [], background)
-    assert background == []
+        trainer_service(cfg, None, None, parts)
+    assert parts.services == [] and parts.trainer is None
 
 
 def test_the_example_regression_set_passes_on_the_tiny_model(tiny_dir, tmp_path, monkeypatch):

@@ -160,7 +160,7 @@ def test_api_key_forms_and_masking(tmp_path):
 
 def test_wandb_gets_no_secrets(tmp_path, monkeypatch):
     from clawloop.config import load_config
-    from clawloop.runtime import export_metrics
+    from clawloop.apps.observe import export_metrics
 
     seen = {}
     fake = types.ModuleType("wandb")

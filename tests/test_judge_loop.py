@@ -12,8 +12,8 @@ from collections import Counter
 import pytest
 
 from clawloop.config import ConfigError, load_config
-from clawloop.judge import JudgeLoop, JudgeUnavailable, OfflineJudge, attach_judge, judge_name, make_judge
-from clawloop.judge.loop import run_judge_service
+from clawloop.apps.judge import judge_service, run_judge
+from clawloop.judge import JudgeLoop, JudgeUnavailable, OfflineJudge, judge_name, make_judge
 from clawloop.records import Judgement, Turn
 from clawloop.store import Store
 from conftest import run_cli
@@ -276,15 +276,14 @@ def test_judge_names_and_factory(tmp_path):
     assert (j.votes, j.threshold, j.name) == (5, 0.6, "url:judge-m")
 
 
-def test_attach_judge_wires_stats_and_background(store):
+def test_judge_service_runs_the_loop_beside_serving(store):
     ids = _add_turns(store, 2)
     cfg = _cfg()
-    parts, stats, background = {}, [], []
-    loop = attach_judge(cfg, None, store, parts, stats, background)
-    assert parts["judge"] is loop and stats == [loop.stats] and len(background) == 1
+    service = judge_service(cfg, None, store)
+    assert isinstance(service.loop, JudgeLoop) and service.stats() == service.loop.stats()
 
     async def scenario():
-        task = asyncio.create_task(background[0]())  # the gateway cancels it at shutdown
+        task = asyncio.create_task(service.run())  # the gateway cancels it at shutdown
         while store.count_pending_judgement("offline"):
             await asyncio.sleep(0.02)
         task.cancel()
@@ -295,17 +294,17 @@ def test_attach_judge_wires_stats_and_background(store):
     assert [store.get_judgement(t, "offline").score for t in ids] == [1, 1]
 
 
-def test_run_judge_service_on_a_data_dir(tmp_path):
+def test_run_judge_on_a_data_dir(tmp_path):
     cfg = _cfg(tmp_path / "data")
     with pytest.raises(ConfigError, match="no store"):
-        asyncio.run(run_judge_service(cfg, asyncio.Event()))
+        asyncio.run(run_judge(cfg, asyncio.Event()))
     store = Store(tmp_path / "data" / "clawloop.db")
     ids = _add_turns(store, 3, content="Traceback (most recent call last):\nValueError: bad")
     store.close()
 
     async def scenario():
         stop = asyncio.Event()
-        task = asyncio.create_task(run_judge_service(cfg, stop))
+        task = asyncio.create_task(run_judge(cfg, stop))
         probe = Store(tmp_path / "data" / "clawloop.db")
         try:
             while probe.count_pending_judgement("offline"):
@@ -327,13 +326,13 @@ def test_up_judges_every_captured_main_turn(random_model_dir, tmp_path):
     import httpx
     from conftest import ServerThread, make_cfg
 
-    from clawloop.runtime import build_app
+    from clawloop.apps.serve import build_app
     from clawloop.tinymodel.corpus import style_instruction
 
     cfg = make_cfg(random_model_dir, tmp_path / "data", model__device="cpu", judge__poll_interval_s="0.05")
     app, parts = build_app(cfg, judge=True, train=False)
     server = ServerThread(app).start()
-    store, loop = parts["store"], parts["judge"]
+    store, loop = parts.store, parts.judge
     try:
         msgs = [{"role": "user", "content": "What is 12+7?"}]
         with httpx.Client(base_url=server.url, timeout=60) as c:

@@ -48,11 +48,11 @@ def test_without_ray_flag_ray_is_never_imported(random_model_dir, tmp_path):
     code = f"""
 import sys
 from clawloop.config import load_config
-from clawloop.runtime import build_app
+from clawloop.apps.serve import build_app
 import clawloop.cli
 cfg = load_config({{"model__path": {str(random_model_dir)!r}, "data_dir": {str(tmp_path / 'data')!r}}}, env={{}})
 app, parts = build_app(cfg, judge=True, train=True)
-parts["store"].close()
+parts.store.close()
 print("RAY_IMPORTED" if "ray" in sys.modules else "NO_RAY")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
@@ -170,7 +170,7 @@ def up(cluster, random_model_dir, tmp_path_factory):
     module's cluster, which it finds already connected), served by uvicorn on 127.0.0.1."""
     from types import SimpleNamespace
 
-    from clawloop.runtime import build_app
+    from clawloop.apps.serve import build_app
 
     data = tmp_path_factory.mktemp("ray-up") / "data"
     cfg = make_cfg(random_model_dir, data, ray__mode="local", ray__engine_num_cpus="0.5",
@@ -179,17 +179,17 @@ def up(cluster, random_model_dir, tmp_path_factory):
                    judge__poll_interval_s="0.1", ray__health_interval_s="0.5", ray__token_timeout_s="30",
                    ray__replica_wait_s="90", ray__start_timeout_s="120")
     app, parts = build_app(cfg, judge=True, train=True)
-    assert "ray" in parts and type(parts["engine"]).__name__ == "RayEngine"
+    assert parts.ray is not None and type(parts.engine).__name__ == "RayEngine"
     server = ServerThread(app).start(timeout=60)
     deadline = time.time() + 180
     while "trainer" not in parts:  # the trainer group is built in the background
         assert time.time() < deadline, "the trainer group did not come up"
         time.sleep(0.2)
     try:
-        yield SimpleNamespace(url=server.url, parts=parts, cfg=cfg, engine=parts["engine"], store=parts["store"])
+        yield SimpleNamespace(url=server.url, parts=parts, cfg=cfg, engine=parts.engine, store=parts.store)
     finally:
         server.stop()
-        parts["store"].close()
+        parts.store.close()
 
 
 def _client(url):
@@ -221,8 +221,8 @@ def _wait(cond, timeout, what):
 
 def _quiet(up, timeout=180):
     """Wait until everything judged is trained and published (no step for 2 s): the served version holds."""
-    tl = up.parts["trainer"]
-    gw = up.parts["gateway"]
+    tl = up.parts.trainer
+    gw = up.parts.gateway
     deadline = time.time() + timeout
     while True:
         s = gw.all_stats()
@@ -262,7 +262,7 @@ def test_b_feedback_advances_the_served_version_and_health_lists_every_actor(up,
     _wait(lambda: _health(up.url)["policy_version"] >= 1, 180, "no publish reached the engine actors")
     h = _health(up.url)
     assert h["replicas"][0]["policy_version"] == h["policy_version"]
-    tl = up.parts["trainer"]
+    tl = up.parts.trainer
     assert tl.stats()["train/world_size"] == 2 and tl.counts["steps"] >= 1 and tl.counts["publishes"] >= 1
     assert tl.trainer.last["train/world_size"] == 2.0
     metrics = httpx.get(up.url + "/metrics").text
@@ -402,7 +402,7 @@ def test_c2_an_engine_killed_mid_response_the_stream_continues_on_the_restarted_
 def test_d_killed_trainer_actor_group_resumes_from_checkpoint_and_versions_never_go_back(up):
     import ray
 
-    tl = up.parts["trainer"]
+    tl = up.parts.trainer
     group = tl.group
     eng = up.engine
     v0 = _quiet(up)
@@ -449,7 +449,7 @@ def test_d_killed_trainer_actor_group_resumes_from_checkpoint_and_versions_never
 def test_e_judge_actors_serve_a_frozen_judge_and_are_listed(cluster, up, random_model_dir, tmp_path):
     """`--judge frozen --judge-workers 1`: the judge's calls go to a judge actor, which nothing publishes
     to; /health lists it beside the engine actor. (Runs beside `up` on the same 2-CPU cluster.)"""
-    from clawloop.runtime import build_app
+    from clawloop.apps.serve import build_app
 
     cfg = make_cfg(random_model_dir, tmp_path / "data", ray__mode="local", ray__name="judgetest",
                    ray__engine_num_cpus="0.2",
@@ -461,17 +461,17 @@ def test_e_judge_actors_serve_a_frozen_judge_and_are_listed(cluster, up, random_
     try:
         c = _client(server.url)
         _converse(c, "judged", ["just the number, please"])
-        backend = parts["judge"].judge.backend
+        backend = parts.judge.judge.backend
         _wait(lambda: backend.replies >= 1, 120, f"the judge actor answered nothing: {parts['judge'].stats()}")
         h = _health(server.url)
         roles = {a["name"]: a for a in h["actors"]}
         assert set(roles) == {"engine-0", "judge-0"} and roles["judge-0"]["role"] == "judge"
         assert roles["judge-0"]["state"] == "up" and roles["judge-0"]["pid"] != roles["engine-0"]["pid"]
-        assert backend.engine is not parts["engine"] and backend.engine.policy_version == 0
+        assert backend.engine is not parts.engine and backend.engine.policy_version == 0
         assert backend.engine.replicas[0].requests >= 1 and backend.engine.stats_.publishes == 0
     finally:
         server.stop()
-        parts["store"].close()
+        parts.store.close()
 
 
 @_mark(*needs_ray)
@@ -482,9 +482,9 @@ def test_f_train_service_runs_its_steps_on_a_data_parallel_group(cluster, random
 
     import ray
 
-    from clawloop.runtime import open_store
+    from clawloop.naming import open_store
     from clawloop.naming import judge_name
-    from clawloop.trainer.service import run_trainer_service
+    from clawloop.apps.train import run_train
     from clawloop.trajectories import import_sessions
     from test_train_standalone import _judge_all, _write_sessions
 
@@ -499,7 +499,7 @@ def test_f_train_service_runs_its_steps_on_a_data_parallel_group(cluster, random
     store.close()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        assert run_trainer_service(cfg, exit_when_idle=True) == 0
+        assert run_train(cfg, exit_when_idle=True) == 0
     finally:
         for sig, h in handlers.items():
             signal.signal(sig, h)

@@ -29,7 +29,7 @@ def up(random_model_dir, tmp_path_factory):
     import ray
 
     from clawloop.engines.vllm import VLLMNotInstalled, find_vllm_python
-    from clawloop.runtime import build_app
+    from clawloop.apps.serve import build_app
 
     try:
         find_vllm_python(os.environ.get("VLLM_PYTHON", ""))
@@ -44,7 +44,7 @@ def up(random_model_dir, tmp_path_factory):
                    train__lr="1e-3", train__method="binary", train__negative_weight="1", judge__poll_interval_s="0.1",
                    ray__health_interval_s="0.5", ray__start_timeout_s="300")
     app, parts = build_app(cfg, judge=True, train=True)
-    assert type(parts["engine"]).__name__ == "RayVLLMEngine"
+    assert type(parts.engine).__name__ == "RayVLLMEngine"
     server = ServerThread(app).start(timeout=900)
     deadline = time.time() + 300
     while "trainer" not in parts:
@@ -54,7 +54,7 @@ def up(random_model_dir, tmp_path_factory):
         yield server, parts
     finally:
         server.stop()
-        parts["store"].close()
+        parts.store.close()
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
 
@@ -85,7 +85,7 @@ def test_vllm_replica_on_a_ray_actor_trains_publishes_and_survives_its_actor_kil
     import ray
 
     server, parts = up
-    eng = parts["engine"]
+    eng = parts.engine
     h = httpx.get(server.url + "/health", timeout=10).json()
     assert h["backend"] == "vllm" and h["status"] == "ok"
     actors = {a["name"]: a for a in h["actors"]}
@@ -102,7 +102,7 @@ def test_vllm_replica_on_a_ray_actor_trains_publishes_and_survives_its_actor_kil
     for i in range(3):
         _converse(c, f"fb{i}")
     _wait(lambda: eng.policy_version >= 1, 300, "no publish reached the vLLM replica")
-    tl = parts["trainer"]
+    tl = parts.trainer
     assert tl.counts["publishes"] >= 1 and tl.stats()["train/world_size"] == 2
     assert eng.replicas[0].version == eng.policy_version
     assert (eng.weights_dir / f"v{eng.policy_version}").exists() or any(eng.weights_dir.glob("v*"))
@@ -118,8 +118,8 @@ def test_vllm_replica_on_a_ray_actor_trains_publishes_and_survives_its_actor_kil
     r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                   extra_headers={"X-Session-Id": "after", "X-Session-Done": "1"})
     assert r.choices[0].message.content is not None
-    parts["store"].flush()
-    assert parts["store"].session_turns("after")[0].policy_version == eng.policy_version
+    parts.store.flush()
+    assert parts.store.session_turns("after")[0].policy_version == eng.policy_version
     h = httpx.get(server.url + "/health", timeout=10).json()
     assert h["status"] == "ok" and {a["name"]: a for a in h["actors"]}["engine-0"]["restarts"] >= 1
     print(f"vLLM on Ray: v{eng.policy_version}, host killed and back ({old_url} -> {eng.replicas[0].url})")

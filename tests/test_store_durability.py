@@ -378,7 +378,8 @@ def test_a_fresh_start_continues_the_stores_version_numbers(engine, random_model
 
     from clawloop.engines.hf import HFEngine
     from clawloop.records import Turn
-    from clawloop.runtime import continue_versions, open_store
+    from clawloop.apps.serve import continue_versions
+    from clawloop.naming import open_store
 
     cfg = make_cfg(random_model_dir, tmp_path)
     store = open_store(cfg)

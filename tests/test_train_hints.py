@@ -39,7 +39,7 @@ def _turn(tok, sid):
 
 def test_judge_hint_candidates_reach_the_trainer_and_overlap_chooses(random_model_dir, tmp_path):
     from clawloop.judge.llm import LLMJudge
-    from clawloop.runtime import open_store
+    from clawloop.naming import open_store
     from clawloop.trainer import Trainer, TrainerLoop
 
     cfg = make_cfg(random_model_dir, tmp_path, train__method="opd", train__hint_selection="overlap",
@@ -79,7 +79,7 @@ def test_judge_hint_candidates_reach_the_trainer_and_overlap_chooses(random_mode
 def test_a_judges_continuous_reward_is_the_advantage(random_model_dir, tmp_path):
     """A custom reward's 0.3 (score +1, reward 0.3) trains as 0.3: the store keeps it, the sample carries
     it, the advantage is it."""
-    from clawloop.runtime import open_store
+    from clawloop.naming import open_store
     from clawloop.trainer import Trainer, TrainerLoop
 
     cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__rollout_batch_size="1")

@@ -50,9 +50,9 @@ def test_train_from_an_imported_store_many_steps_and_a_restart_uses_every_sample
     """The issue's acceptance test: 200 judged turns imported into a store; `clawloop train` runs 12
     steps, stops (checkpoint), resumes and trains on the rest: >= 10 steps with the version advancing,
     no sample dropped as stale, every judged turn used exactly once across the restart."""
-    from clawloop.runtime import open_store
+    from clawloop.naming import open_store
     from clawloop.naming import judge_name
-    from clawloop.trainer import build_loop
+    from clawloop.apps.train import build_loop
     from clawloop.trajectories import import_sessions
 
     flags = dict(train__method="binary", train__rollout_batch_size=str(BATCH), train__lr="1e-3",
@@ -135,7 +135,7 @@ def test_train_from_a_real_buffer_many_steps_and_a_restart_uses_every_sample_onc
     """Groups of 4 with continuous rewards through a real rollout buffer, 6 per step, so a pull leaves
     samples waiting: they go into the checkpoint and train after the restart, none twice."""
     from clawloop.buffer import BufferThread
-    from clawloop.trainer import build_loop
+    from clawloop.apps.train import build_loop
 
     groups, size = 10, 4
     flags = dict(train__method="binary", train__rollout_batch_size="6", train__lr="1e-3",
@@ -190,9 +190,9 @@ def test_train_service_steps_and_exit_when_idle(random_model_dir, tmp_path, caps
     --exit-when-idle stops with a checkpoint once too little is left for a batch."""
     import signal
 
-    from clawloop.runtime import open_store
+    from clawloop.naming import open_store
     from clawloop.naming import judge_name
-    from clawloop.trainer.service import run_trainer_service
+    from clawloop.apps.train import run_train
     from clawloop.trajectories import import_sessions
 
     cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__rollout_batch_size="8",
@@ -205,8 +205,8 @@ def test_train_service_steps_and_exit_when_idle(random_model_dir, tmp_path, caps
     store.close()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        assert run_trainer_service(cfg, max_steps=2) == 0
-        assert run_trainer_service(cfg, exit_when_idle=True) == 0  # resumes at step 2, 12 turns left
+        assert run_train(cfg, max_steps=2) == 0
+        assert run_train(cfg, exit_when_idle=True) == 0  # resumes at step 2, 12 turns left
     finally:
         for sig, h in handlers.items():
             signal.signal(sig, h)

@@ -85,7 +85,7 @@ def _judged_turn(store, sid, prompt_ids, response_ids, lps, score, hint=None, ve
 def test_loop_trains_from_store_and_publishes(random_model_dir, tmp_path, method, lora):
     from clawloop.engines.hf import HFEngine
     from clawloop.gateway.render import render_prompt
-    from clawloop.runtime import open_store
+    from clawloop.naming import open_store
     from clawloop.trainer import Trainer, TrainerLoop
 
     flags = {"train__method": method, "train__rollout_batch_size": "4", "train__lr": "1e-3"}
@@ -135,7 +135,7 @@ def test_loop_trains_from_store_and_publishes(random_model_dir, tmp_path, method
 def test_checkpoint_resume_serves_resumed_weights(random_model_dir, tmp_path):
     from clawloop.engines.hf import HFEngine
     from clawloop.gateway.render import render_prompt
-    from clawloop.runtime import open_store
+    from clawloop.naming import open_store
     from clawloop.trainer import Trainer, TrainerLoop
     from clawloop.trainer.checkpoint import weights_fingerprint
 

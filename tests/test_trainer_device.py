@@ -75,7 +75,7 @@ def test_bad_devices_are_config_errors(monkeypatch, device, gpus, count, match):
 
 def test_trainer_and_build_loop_resolve_from_config(random_model_dir, tmp_path, monkeypatch):
     import clawloop.trainer as trainer_pkg
-    from clawloop.runtime import open_store
+    from clawloop.naming import open_store
     from clawloop.trainer import Trainer
 
     cfg = make_cfg(random_model_dir, tmp_path, train__device="cpu")

@@ -116,7 +116,7 @@ def test_store_keeps_versions_and_migrates_an_old_file(tmp_path):
 
 
 def test_export_and_import_carry_versions(tmp_path, random_model_dir):
-    from clawloop.runtime import open_store
+    from clawloop.naming import open_store
     from clawloop.trajectories import import_sessions, iter_export
 
     cfg = make_cfg(random_model_dir, tmp_path / "a")

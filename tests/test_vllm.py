@@ -56,7 +56,7 @@ class _LoopHandle:
 def vllm_gateway(tool_model_dir, tmp_path_factory):  # noqa: F811
     from clawloop.engines.vllm import VLLMEngine
     from clawloop.gateway import create_app
-    from clawloop.runtime import open_store
+    from clawloop.naming import open_store
 
     python = _vllm_python()
     data = tmp_path_factory.mktemp("vllm-data")
@@ -499,13 +499,13 @@ def test_hung_replica_ends_its_requests_and_is_replaced(vllm_gateway):
 def test_judge_self_and_frozen_with_the_vllm_backend(vllm_gateway, tool_model_dir, tmp_path):  # noqa: F811
     from clawloop.engines.vllm import VLLMEngine
     from clawloop.judge.llm import EngineChatBackend
-    from clawloop.judge.loop import _frozen_engine
+    from clawloop.judge.loop import local_frozen_engine
 
     server, engine, _, handle, cfg = vllm_gateway
     reply = handle.run(EngineChatBackend(engine).complete([{"role": "user", "content": "Was this right?"}],
                                                           temperature=0.6, max_tokens=8))
     assert isinstance(reply, str)
-    frozen = _frozen_engine(make_cfg(tool_model_dir, tmp_path, model__backend="vllm", train__use_lora="true",
+    frozen = local_frozen_engine(make_cfg(tool_model_dir, tmp_path, model__backend="vllm", train__use_lora="true",
                                      model__engine_replicas="2"))
     assert isinstance(frozen, VLLMEngine) and frozen.managed and len(frozen.replicas) == 1
     assert frozen.lora_rank == 0 and frozen.data_dir == tmp_path / "judge-engine"

@@ -16,7 +16,9 @@
     clawloop swe make-tasks  inject bugs into the SWE track's repos, write SWE-bench instances
     clawloop status        a running clawloop's policy version, engines and actors (`--ray`: nodes too)
 
-Every command that reads config takes the same flags (see `clawloop up --help`).
+Each command takes the config flags of what it runs (`clawloop CMD --help` lists them); a flag of
+another command's part is an error naming it, never accepted and ignored. A YAML `--config` file and
+CLAWLOOP_* environment variables may hold every key: several commands share them.
 """
 
 from __future__ import annotations
@@ -26,21 +28,57 @@ import logging
 import sys
 from typing import Any, Callable
 
-from clawloop.config import ConfigError, add_config_arguments, load_config
+from clawloop.config import ConfigError, add_config_arguments, leaf_in, leaf_of_flag, load_config
 
 TRACK_NAMES = ("toolcall", "terminal", "swe", "gui")
 COMMANDS = ("up", "serve", "judge", "train", "buffer", "export", "import", "tiny-model", "judge-eval", "demo", "eval", "env",
             "envpool", "swe", "status")
 
 
+# The config each command reads: sections, or dotted keys of a section it reads one value of.
+SCOPES: dict[str, tuple[str, ...]] = {
+    "up": ("model", "serve", "capture", "judge", "train", "gate", "ray"),
+    "serve": ("model", "serve", "capture", "ray"),
+    "judge": ("judge", "model", "ray"),
+    "train": ("train", "gate", "judge", "model", "ray"),  # judge: whose verdicts it trains on
+    "buffer": ("buffer", "env", "ray", "serve.insecure", "train.n_samples_per_prompt"),
+    "export": (),
+    "import": ("model",),  # the tokenizer of turns imported without token ids
+    "env check": ("env",),
+    "envpool": ("env", "serve.insecure"),
+    "judge-eval": ("judge", "model"),
+}
+
+
+def takers(leaf) -> list[str]:
+    """The commands whose flags include this config leaf."""
+    return [cmd for cmd, scope in SCOPES.items() if leaf_in(leaf, scope)]
+
+
 def _parser(cmd: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"clawloop {cmd}", description=description, allow_abbrev=False)
-    add_config_arguments(p)
+    p.set_defaults(__command__=cmd)
+    add_config_arguments(p, SCOPES[cmd])
     return p
 
 
+def parse_own(p: argparse.ArgumentParser, argv: list[str], cmd: str) -> argparse.Namespace:
+    """`p.parse_args(argv)`, where a config flag that belongs to another command is a ConfigError naming
+    it and the commands that take it (argparse's own error for anything else unknown)."""
+    ns, unknown = p.parse_known_args(argv)
+    for arg in unknown:
+        leaf = leaf_of_flag(arg) if arg.startswith("--") else None
+        if leaf is not None:
+            raise ConfigError(f"{arg.split('=', 1)[0]}: {leaf.key} is not an option of `clawloop {cmd}`, which does "
+                              f"not use it (taken by: {', '.join('clawloop ' + c for c in takers(leaf)) or 'none'})")
+    if unknown:
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return ns
+
+
 def _config(p: argparse.ArgumentParser, argv: list[str], extra: tuple[str, ...] = ()):
-    ns = p.parse_args(argv)
+    ns = parse_own(p, argv, p.get_default("__command__"))
+    vars(ns).pop("__command__", None)
     values = vars(ns)
     own = {k: values.pop(k) for k in list(values) if k in extra}
     cfg = load_config(values)
@@ -50,7 +88,7 @@ def _config(p: argparse.ArgumentParser, argv: list[str], extra: tuple[str, ...] 
 
 
 def cmd_serve(argv: list[str], *, full: bool) -> int:
-    from clawloop.runtime import run
+    from clawloop.apps.serve import run
 
     p = _parser("up" if full else "serve",
                 "Serve the model with capture" + (", judge and trainer in the background." if full else "."))
@@ -66,18 +104,18 @@ def cmd_serve(argv: list[str], *, full: bool) -> int:
 def cmd_judge(argv: list[str]) -> int:
     import asyncio
 
-    from clawloop.judge import run_judge_service
+    from clawloop.apps.judge import run_judge
 
     cfg, _ = _config(_parser("judge", "Run the judge loop on a store."), argv)
     try:
-        asyncio.run(run_judge_service(cfg))
+        asyncio.run(run_judge(cfg))
     except KeyboardInterrupt:
         pass
     return 0
 
 
 def cmd_train(argv: list[str]) -> int:
-    from clawloop.trainer.service import run_trainer_service
+    from clawloop.apps.train import run_train
 
     p = _parser("train", "Run the trainer on a store (or a rollout buffer with --source buffer).")
     p.add_argument("--steps", type=int, default=0,
@@ -85,7 +123,7 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--exit-when-idle", action="store_true",
                    help="Stop (with a checkpoint) once the source has too little left for a batch.")
     cfg, own = _config(p, argv, ("steps", "exit_when_idle"))
-    return run_trainer_service(cfg, max_steps=own["steps"], exit_when_idle=own["exit_when_idle"])
+    return run_train(cfg, max_steps=own["steps"], exit_when_idle=own["exit_when_idle"])
 
 
 def cmd_buffer(argv: list[str]) -> int:
@@ -99,7 +137,7 @@ def cmd_buffer(argv: list[str]) -> int:
         path = write_generator_template(a.name, a.dir)
         print(path)
         return 0
-    from clawloop.buffer import run_buffer
+    from clawloop.apps.buffer import run_buffer
 
     # In this command --host/--port mean the buffer's own address.
     renamed = []

@@ -539,10 +539,30 @@ def build_parser(prog: str = "clawloop") -> argparse.ArgumentParser:
     return p
 
 
-def add_config_arguments(p: argparse.ArgumentParser) -> None:
+def leaf_in(leaf: _Leaf, scope: tuple[str, ...] | None) -> bool:
+    """Whether a command whose `scope` is these sections and dotted keys takes this leaf as a flag
+    (None: every leaf). The top-level keys (data_dir, log_level) belong to every command."""
+    return scope is None or len(leaf.path) == 1 or leaf.path[0] in scope or leaf.key in scope
+
+
+def leaf_of_flag(arg: str) -> _Leaf | None:
+    """The config leaf a command-line flag (`--lr`, `--lr=1`, `--no-publish-gate`) names, if any."""
+    name = arg.split("=", 1)[0]
+    for leaf in LEAVES:
+        if name in leaf.all_flags or (leaf.typ is bool and name == "--no-" + leaf.canonical_flag[2:]):
+            return leaf
+    return None
+
+
+def add_config_arguments(p: argparse.ArgumentParser, scope: tuple[str, ...] | None = None) -> None:
+    """The config's flags on `p`: those of `scope` (sections like "train", or dotted keys like
+    "serve.insecure"; None: all). A command takes only the flags it uses: nothing is accepted and
+    ignored (`clawloop export --lr 1` is an error naming the flag, see `foreign_flag_error`)."""
     p.add_argument("--config", default=argparse.SUPPRESS, help="YAML config file.")
     groups: dict[str, Any] = {}
     for leaf in LEAVES:
+        if not leaf_in(leaf, scope):
+            continue
         section = leaf.path[0] if len(leaf.path) > 1 else "general"
         g = groups.setdefault(section, p.add_argument_group(f"{section} options"))
         help_ = leaf.f.metadata["help"] + f" [{leaf.key}; default: {_default_of(leaf)!r}]"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
-from clawloop.store import Store
+from clawloop.store import Store, open_store
 
 
 def turn_to_export(t: Turn) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def export_sessions(data_dir: str | Path, out: str, tenant: str | None = None) -
         from clawloop.config import ConfigError
 
         raise ConfigError(f"data_dir: no store at {path}")
-    store = Store(path)
+    store = open_store(path)
     n = 0
     from clawloop.progress import Progress
 
@@ -193,7 +193,7 @@ def import_sessions(cfg: Any, path: str | Path) -> tuple[int, int]:
         raise ConfigError(f"--file: no such file {path!r}") from None
     except ImportError_ as e:
         raise ConfigError(str(e)) from None
-    from clawloop.runtime import open_store
+    from clawloop.naming import open_store
 
     store = open_store(cfg)
     tok = None

@@ -1,7 +1,7 @@
 """The rollout buffer: per-task generators write trajectories over HTTP, the
 trainer pulls finished groups (slime's Rollout Buffer design, durable).
 
-    clawloop buffer --generator-dir DIR --data-dir D     # the service (port 8889)
+    clawloop buffer --generator-dir DIR --data-dir D     # the service (port 8889; clawloop.apps.buffer)
     clawloop buffer new-generator NAME                   # a commented template
     BufferSource(url, tokenizer).pull()                  # trainer side -> list[Sample]
 
@@ -16,7 +16,7 @@ from clawloop.buffer.discovery import (
     discover_generators,
     write_generator_template,
 )
-from clawloop.buffer.service import BufferThread, RolloutBuffer, create_buffer_app, run_buffer
+from clawloop.buffer.service import BufferThread, RolloutBuffer, create_buffer_app
 from clawloop.buffer.source import BufferSource
 
 __all__ = [
@@ -27,6 +27,5 @@ __all__ = [
     "RolloutBuffer",
     "create_buffer_app",
     "discover_generators",
-    "run_buffer",
     "write_generator_template",
 ]

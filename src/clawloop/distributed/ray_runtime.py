@@ -27,7 +27,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -175,16 +175,10 @@ class RayRuntime:
         self.engine = RayEngine.from_config(self.cfg)
         return self.engine
 
-    def attach_trainer(self, cfg: Any, engine: Any, store: Any, parts: dict[str, Any],
-                       stats: list[Callable[[], dict[str, float]]], background: list[Callable[[], Any]]) -> None:
-        from clawloop.distributed.trainer_group import attach_ray_trainer
-
-        attach_ray_trainer(cfg, engine, store, parts, stats, background)
-
-    def register(self, engine: Any, parts: dict[str, Any]) -> None:
+    def register(self, engine: Any, judge_loop: Any = None) -> None:
         """/health: the cluster's nodes and resources, and the judge actors beside the engine's."""
         engine.cluster_info = self.cluster
-        judge = getattr(parts.get("judge"), "judge", None)
+        judge = getattr(judge_loop, "judge", None)
         jengine = getattr(getattr(judge, "backend", None), "engine", None)
         if jengine is not None and jengine is not engine and hasattr(jengine, "replicas"):
             engine.actor_sources.append(lambda: [r.health() for r in jengine.replicas])

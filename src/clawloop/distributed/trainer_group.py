@@ -47,7 +47,7 @@ import socket
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -663,70 +663,3 @@ class RayTrainerLoop(TrainerLoop):
         out["train/world_size"] = float(self.group.world)
         out["train/group_restarts"] = float(self.group.restarts)
         return out
-
-
-def build_ray_loop(cfg: Any, engine: Any, store: Any, *, loop: Any = None,
-                   group: TrainerGroup | None = None) -> RayTrainerLoop:
-    """The trainer group and its loop, resumed like `trainer.build_loop`."""
-    from clawloop.naming import judge_name
-
-    group = group or TrainerGroup.from_config(cfg)
-    source = None
-    if cfg.train.source == "buffer":
-        from clawloop.buffer import BufferSource
-        from transformers import AutoTokenizer
-
-        tok = getattr(engine, "tokenizer", None) or AutoTokenizer.from_pretrained(group.model_path)
-        source = BufferSource(cfg.train.buffer_url, tok, estimator=cfg.train.advantage_estimator)
-    try:
-        tl = RayTrainerLoop(cfg, group, store, engine, judge_name(cfg), loop=loop, buffer_source=source)
-        tl.resume()
-        if tl.resumed_from is None and engine is not None:
-            group.set_version(engine.policy_version)  # the next publish is one past what is served
-        elif tl.resumed_from is None and store is not None and hasattr(store, "max_policy_version"):
-            top = store.max_policy_version()
-            if top is not None:
-                group.set_version(max(group.version, top + 1))
-    except BaseException:
-        group.shutdown()
-        raise
-    return tl
-
-
-def attach_ray_trainer(cfg: Any, engine: Any, store: Any, parts: dict[str, Any],
-                       stats: list[Callable[[], dict[str, float]]], background: list[Callable[[], Any]]) -> None:
-    """`trainer.attach_trainer` with the trainer as a group of actors: built and resumed at startup
-    (off the event loop), stepped on the loop's thread; at shutdown it checkpoints, then the actors go."""
-    import asyncio
-
-    holder: dict[str, RayTrainerLoop] = {}
-
-    def trainer_stats() -> dict[str, float]:
-        tl = holder.get("loop")
-        return tl.stats() if tl is not None else {}
-
-    async def run() -> None:
-        aloop = asyncio.get_running_loop()
-        tl = await aloop.run_in_executor(None, lambda: build_ray_loop(cfg, engine, store, loop=aloop))
-        holder["loop"] = tl
-        parts["trainer"] = tl
-        if hasattr(engine, "actor_sources"):
-            engine.actor_sources.append(tl.group.health)
-
-        def stop_all() -> None:
-            try:
-                tl.stop()
-            finally:
-                tl.group.shutdown()
-
-        try:
-            if tl.resumed_from:
-                await aloop.run_in_executor(None, tl.publish_resumed)
-            tl.start()
-            await asyncio.Event().wait()
-        finally:
-            await asyncio.shield(aloop.run_in_executor(None, stop_all))
-
-    stats.append(trainer_stats)
-    background.append(run)
-

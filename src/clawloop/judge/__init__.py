@@ -10,17 +10,17 @@ Judges (all `Judge`: `name` + `async judge(turn) -> Judgement`):
               get_reward_model(config), slime's reward_func(args, sample)
 
 `JudgeLoop` (loop.py) feeds them from the store with K workers, retries and
-never drops a turn; `clawloop judge` runs it alone (`run_judge_service`),
-`clawloop up` in-process (`attach_judge`). `clawloop judge-eval` (eval.py)
-scores a judge on a labelled set.
+never drops a turn; `clawloop.apps` runs it beside serving (`clawloop up`) or
+alone on a store (`clawloop judge`). `clawloop judge-eval` (eval.py) scores a
+judge on a labelled set.
 """
 
 from clawloop.judge.base import Judge, JudgeUnavailable
 from clawloop.judge.eval import judge_eval_main
-from clawloop.judge.loop import JudgeLoop, attach_judge, judge_name, make_judge, run_judge_service
+from clawloop.judge.loop import JudgeLoop, judge_name, local_frozen_engine, make_judge
 from clawloop.judge.offline import OfflineJudge, classify_next_state, hint_from_correction
 
 __all__ = [
-    "Judge", "JudgeUnavailable", "JudgeLoop", "OfflineJudge", "attach_judge", "classify_next_state",
-    "hint_from_correction", "judge_eval_main", "judge_name", "make_judge", "run_judge_service",
+    "Judge", "JudgeUnavailable", "JudgeLoop", "OfflineJudge", "classify_next_state", "hint_from_correction",
+    "judge_eval_main", "judge_name", "local_frozen_engine", "make_judge",
 ]

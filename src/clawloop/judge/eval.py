@@ -183,7 +183,7 @@ def judge_eval_main(argv: list[str] | None = None) -> int:
                                                 "`heldout`: the packaged held-out set; `hint-direction`: "
                                                 "negated and plain style demands, hints checked).")
     p.add_argument("--show-errors", action="store_true", help="Print every misjudged example.")
-    add_config_arguments(p)
+    add_config_arguments(p, ("judge", "model"))  # the judge, and the model a frozen or self judge loads
     values = vars(p.parse_args(_split_judge_flag(argv)))
     data, show = values.pop("data"), values.pop("show_errors")
     cfg = load_config(values)

@@ -28,15 +28,15 @@ oldest pending age. When the last `COLLAPSE_WINDOW` rewards are more than
 `judge/score_collapse` is 1 and a warning is logged: a constant score is a
 dead learning signal.
 
-`run_judge_service(cfg)` is `clawloop judge --data-dir D`: the same loop on
-its own, for a judge on another machine than the gateway.
+How the loop is deployed (beside the gateway in `clawloop up`, alone on a
+store with `clawloop judge`, with judge actors on Ray) is composed in
+`clawloop.apps`; nothing here knows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -45,7 +45,7 @@ from typing import Any, Callable
 from clawloop.config import ConfigError
 from clawloop.judge.base import Judge, JudgeUnavailable
 from clawloop.judge.voting import vote_agreement
-from clawloop.naming import judge_name, store_path
+from clawloop.naming import judge_name
 from clawloop.records import Judgement, Turn
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,10 @@ def _judge_section(cfg: Any) -> Any:
 MODEL_KEYS = "--judge-model / JUDGE_MODEL_PATH / PRM_MODEL_PATH"
 
 
-def make_judge(cfg: Any, engine: Any = None) -> Judge:
-    """The judge `cfg` asks for. `engine` is the served engine (`--judge self`).
+def make_judge(cfg: Any, engine: Any = None, *, frozen_engine: Callable[[Any], Any] | None = None) -> Judge:
+    """The judge `cfg` asks for. `engine` is the served engine (`--judge self`); `frozen_engine(cfg)`
+    builds the engine of `--judge frozen` (default `local_frozen_engine`; the composition layer passes
+    one over judge actors under `--ray ... --judge-workers N`).
 
     `judge.model` is honoured or refused, never ignored: the model name sent to `--judge url`, the
     folder `--judge frozen` loads, `config['prm_model_path']` of a reward model factory; with the
@@ -112,26 +114,20 @@ def make_judge(cfg: Any, engine: Any = None) -> Judge:
             raise ConfigError(f"judge.model: --judge frozen loads a local model folder, and {j.model!r} ({MODEL_KEYS}) "
                               "is not one. A model served elsewhere: --judge url --judge-url URL --judge-model NAME; "
                               "the policy's own base weights: unset it")
-        backend = EngineChatBackend(_frozen_engine(cfg), owns_engine=True)
+        backend = EngineChatBackend((frozen_engine or local_frozen_engine)(cfg), owns_engine=True)
     else:
         raise ConfigError(f"judge.kind: unknown judge {j.kind!r}")
     return LLMJudge(backend, name=judge_name(cfg), votes=j.majority_vote_n, threshold=j.majority_vote_threshold,
                     temperature=j.temperature, hints=j.hints, max_tokens=j.max_tokens)
 
 
-def _frozen_engine(cfg: Any) -> Any:
+def local_frozen_engine(cfg: Any) -> Any:
     """A frozen engine of the served backend (`--judge-model`, a local folder, else the base
-    model) that no publish ever reaches: with vLLM a server of its own, one replica, no LoRA; with
-    `--ray ... --judge-workers N` a router over N judge actors."""
+    model) that no publish ever reaches: with vLLM a server of its own, one replica, no LoRA."""
     import copy
 
     from clawloop.engines import make_engine
 
-    ray_cfg = getattr(cfg, "ray", None)
-    if ray_cfg is not None and ray_cfg.mode and ray_cfg.judge_workers > 0:  # judge actors (`--judge-workers N`)
-        from clawloop.distributed.router import RayEngine
-
-        return RayEngine.judge_from_config(cfg)
     c = copy.deepcopy(cfg)
     if cfg.judge.model:
         c.model.path = str(Path(cfg.judge.model).expanduser())
@@ -403,83 +399,3 @@ def _std(xs: list[float]) -> float:
         return 0.0
     m = sum(xs) / len(xs)
     return (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5
-
-
-# -- wiring ---------------------------------------------------------------------
-
-
-def attach_judge(cfg: Any, engine: Any, store: Any, parts: dict[str, Any],
-                 stats: list[Callable[[], dict[str, float]]], background: list[Callable[[], Any]]) -> JudgeLoop:
-    """`clawloop up`: build the judge and its loop, register its stats and background task."""
-    judge = make_judge(cfg, engine)
-    loop = JudgeLoop(store, judge, cfg.judge)
-    parts["judge"] = loop
-    stats.append(loop.stats)
-
-    async def run_judge() -> None:
-        try:
-            await loop.run()
-        finally:
-            await judge.close()
-
-    background.append(run_judge)
-    return loop
-
-
-async def run_judge_service(cfg: Any, stop: asyncio.Event | None = None) -> None:
-    """`clawloop judge --data-dir D`: the judge loop alone on D's store, until SIGINT/SIGTERM or `stop`."""
-    from clawloop.store import Store
-
-    path = store_path(cfg)
-    if not path.exists():
-        raise ConfigError(f"data_dir: no store at {path} (start `clawloop up` or `clawloop serve` there first)")
-    stop = stop or asyncio.Event()
-    aloop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            aloop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
-            pass
-    ray_rt = None
-    if getattr(cfg, "ray", None) is not None and cfg.ray.mode:  # `--judge frozen --judge-workers N` on Ray
-        from clawloop.distributed.ray_runtime import RayRuntime
-
-        ray_rt = RayRuntime(cfg)
-        ray_rt.check_fit(engine=False, judge=cfg.judge.kind == "frozen", train=False)
-    store = Store(path)
-    try:
-        judge = make_judge(cfg)
-    except BaseException:
-        store.close()
-        if ray_rt is not None:
-            ray_rt.close()
-        raise
-    loop = JudgeLoop(store, judge, cfg.judge)
-    print(f"clawloop judge: judge={loop.name} store={path} workers={cfg.judge.num_workers}", flush=True)
-    reporter = asyncio.create_task(_report(loop, stop))
-    try:
-        await loop.run(stop)
-    finally:
-        reporter.cancel()
-        await judge.close()
-        await asyncio.to_thread(store.close)
-        if ray_rt is not None:
-            ray_rt.close()
-        for sig in installed:
-            aloop.remove_signal_handler(sig)
-        s = loop.stats()
-        print(f"clawloop judge: stopped; judged={s['judge/judged']:.0f} pending={s['judge/pending']:.0f} "
-              f"failures={s['judge/failures']:.0f}", flush=True)
-
-
-async def _report(loop: JudgeLoop, stop: asyncio.Event, every_s: float = 30.0) -> None:
-    while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=every_s)
-        except asyncio.TimeoutError:
-            s = loop.stats()
-            log.info("judge: judged=%d pending=%d failures=%d +1/0/-1=%d/%d/%d latency=%.2fs", s["judge/judged"],
-                     s["judge/pending"], s["judge/failures"], s["judge/score_pos"], s["judge/score_zero"],
-                     s["judge/score_neg"], s["judge/latency_mean_s"])
