@@ -111,3 +111,42 @@ def test_write_resolved_masks_keys(tmp_path):
     assert "secret" not in text
     data = yaml.safe_load(text)
     assert data["serve"]["port"] == 8000 and data["serve"]["api_keys"] == ["***", "***"]
+
+
+# -- each command takes only its own flags (issue #29 item 8) ---------------------------------------
+
+
+def test_a_flag_of_another_command_is_an_error_naming_it(tmp_path, capsys):
+    from clawloop import cli
+
+    rc = cli.main(["export", "--out", str(tmp_path / "x.jsonl"), "--data-dir", str(tmp_path), "--lr", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--lr: train.lr is not an option of `clawloop export`" in err
+    assert "clawloop train" in err and "clawloop up" in err
+    assert not (tmp_path / "x.jsonl").exists()  # nothing ran
+    rc = cli.main(["serve", "--no-publish-gate"])
+    assert rc == 2 and "gate.enabled is not an option of `clawloop serve`" in capsys.readouterr().err
+    rc = cli.main(["train", "--port=9000"])
+    assert rc == 2 and "--port: serve.port is not an option of `clawloop train`" in capsys.readouterr().err
+
+
+def test_each_command_parses_its_own_flags_and_argparse_answers_the_rest():
+    from clawloop import cli
+
+    p = cli._parser("train", "")
+    ns = cli.parse_own(p, ["--lr", "1e-3", "--judge", "frozen", "--model-path", "m", "--no-publish-gate"], "train")
+    assert ns.train__lr == "1e-3" and ns.judge__kind == "frozen" and ns.gate__enabled == "false"
+    p = cli._parser("envpool", "")
+    assert cli.parse_own(p, ["--insecure", "--max-steps", "3"], "envpool").serve__insecure == "true"
+    with pytest.raises(SystemExit):  # not a config flag at all: argparse's usage error
+        cli.parse_own(cli._parser("export", ""), ["--definitely-not-a-flag"], "export")
+
+
+def test_every_config_key_is_a_flag_of_some_command():
+    """A key no command takes could only be set by YAML or env and read by nobody's flags: a config key
+    that is accepted and ignored."""
+    from clawloop import cli
+    from clawloop.config import LEAVES
+
+    orphans = [leaf.key for leaf in LEAVES if not cli.takers(leaf)]
+    assert orphans == []

@@ -89,7 +89,7 @@ class ServeConfig:
                              "makes the key tenant NAME, a bare `KEY` is tenant `default`. Each tenant's turns carry "
                              "its name and its session ids are its own. Empty: no key needed.",
                          flags=("--api-key",), env=("OPENCLAW_API_KEY", "CLAWLOOP_API_KEY"))
-    insecure: bool = opt(False, "Allow binding a non-loopback address without an API key.")
+    insecure: bool = opt(False, "Allow binding a non-loopback address without an API key.", flags=("--insecure",))
     metrics_auth: bool = opt(False, "Ask for an API key (any tenant's) on /metrics too (needs --api-key).",
                              flags=("--metrics-auth",))
     served_model_name: str = opt("clawloop", "Model id reported by /v1/models (any id is accepted in requests).")
