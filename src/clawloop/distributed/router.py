@@ -3,6 +3,9 @@
 The gateway, the judge (`--judge self`) and the trainer loop call it exactly as they call the
 in-process engine; nothing above it knows about Ray.
 
+The replicas are a replica set (`engines/replicas.py`, shared with the vLLM engine: routing,
+health monitor, publish fan-out); this engine is its transport over Ray actor handles.
+
 Routing. A request goes to a replica that is *up*: a session sticks to one replica (rendezvous
 hashing of the session id over the up replicas: its prefix stays warm, and losing a replica moves
 only that replica's sessions), a request without a session goes to the least busy one. When no
@@ -39,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -47,11 +49,9 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from clawloop.engines.base import EngineUnavailable, GenerationRequest, LoraAdapter, TokenEvent
+from clawloop.engines.replicas import Counters, Probe, Replica, ReplicaSet
 
 log = logging.getLogger(__name__)
-
-HUNG_AFTER = 3
-"""Health checks a replica that is up may miss (timeouts) before it is marked down."""
 
 
 class _ReplicaFailed(Exception):
@@ -59,53 +59,33 @@ class _ReplicaFailed(Exception):
 
 
 @dataclass
-class Replica:
-    index: int
-    handle: Any
+class ActorReplica(Replica):
+    """An hf engine in a Ray actor (`engine_actor.EngineActor`), reached through its handle. Its
+    state `restarting` means Ray is restarting the actor."""
+
+    handle: Any = None
     role: str = "engine"
     ray_name: str = ""
     resources: dict[str, float] = field(default_factory=dict)
     """What its actor reserved ({CPU: n, GPU: m})."""
-    state: str = "starting"
-    """starting | up | down (failed under a request or a check; back once it answers) | restarting
-    (its actor is being restarted by Ray) | failed (given up)."""
     incarnation: str | None = None
-    version: int | None = None
-    inflight: int = 0
-    requests: int = 0
-    restarts: int = 0
-    failures: int = 0
-    down_since: float = 0.0
-    last_error: str = ""
+    """The actor process it last caught up (a restarted actor has a new one)."""
+    seen: dict[str, Any] = field(default_factory=dict)
+    """Its last answer to `ping` (incarnation, active, version, ...)."""
     node_id: str = ""
     node_ip: str = ""
     pid: int | None = None
     stats: dict[str, float] = field(default_factory=dict)
-    down: asyncio.Future | None = None
-    """Resolved when the replica leaves `up`: wakes every request waiting on it."""
-
-    @property
-    def name(self) -> str:
-        return f"{self.role}-{self.index}"
 
     def health(self) -> dict[str, Any]:
-        return {"name": self.name, "role": self.role, "state": self.state, "policy_version": self.version,
-                "inflight": self.inflight, "requests": self.requests, "restarts": self.restarts,
-                "node_id": self.node_id, "node_ip": self.node_ip, "pid": self.pid,
-                "ray_name": self.ray_name or None, "resources": self.resources,
-                "last_error": self.last_error or None}
+        return {**super().health(), "role": self.role, "node_id": self.node_id, "node_ip": self.node_ip,
+                "pid": self.pid, "ray_name": self.ray_name or None, "resources": self.resources}
 
 
 @dataclass
-class _Stats:
-    requests: int = 0
-    retries: int = 0
+class _Stats(Counters):
     resumed: int = 0
-    unavailable: int = 0
-    publishes: int = 0
-    publish_failures: int = 0
-    last_publish_s: float = 0.0
-    restarts: int = 0
+    """Of the retries, those continued mid-response (after some tokens were streamed)."""
 
 
 class RayEngine:
@@ -132,7 +112,6 @@ class RayEngine:
         self.health_interval_s = health_interval_s
         self.start_timeout_s = start_timeout_s
         self.max_restarts = max_restarts
-        self._version = int(policy_version)
         self._weights: Any = None
         """The object ref (or path) of the weights served now; None: the base weights."""
         self.role = role
@@ -142,12 +121,10 @@ class RayEngine:
         """The cluster's nodes and resources for `health()` (set by `RayRuntime`)."""
         self.stats_ = _Stats()
         self._running = False
-        self._monitor: asyncio.Task | None = None
-        self._lock: asyncio.Lock | None = None
-        self._changed: asyncio.Event | None = None
         self.pg = reserve(replicas, num_cpus, num_gpus, placement, start_timeout_s, f"{role} actor")
         cls = ray.remote(EngineActor)
-        self.replicas: list[Replica] = []
+        self.replicas = ReplicaSet([], self, version=policy_version, health_interval_s=health_interval_s,
+                                   max_restarts=max_restarts, down_timeout_s=start_timeout_s)
         for i in range(replicas):
             opts = in_bundle(dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
                                   max_task_retries=0, max_concurrency=1000), self.pg, i)
@@ -161,8 +138,8 @@ class RayEngine:
 
                 raise ConfigError(f"ray.name: {e} (another clawloop on this cluster? give each its own --ray-name)"
                                   ) from None
-            self.replicas.append(Replica(index=i, handle=handle, role=role, ray_name=opts.get("name", ""),
-                                         resources=_reserved(num_cpus, num_gpus)))
+            self.replicas.append(ActorReplica(i, f"{role}-{i}", handle=handle, role=role,
+                                              ray_name=opts.get("name", ""), resources=_reserved(num_cpus, num_gpus)))
         try:
             infos = ray.get([r.handle.info.remote() for r in self.replicas], timeout=start_timeout_s)
         except BaseException:
@@ -188,7 +165,7 @@ class RayEngine:
         kw = dict(device=m.device, dtype=m.dtype,
                   max_batch_size=m.max_batch_size, max_model_len=m.max_model_len, threads=m.threads,
                   admit_wait_ms=m.admit_wait_ms)
-        return cls(path, replicas=m.engine_replicas, engine_kwargs=kw, num_cpus=_cpus(r.engine_num_cpus),
+        return cls(path, replicas=m.engine_replicas, engine_kwargs=kw, num_cpus=cpu_reservation(r.engine_num_cpus),
                    num_gpus=r.engine_num_gpus, placement=r.placement, max_restarts=r.max_restarts,
                    token_timeout_s=r.token_timeout_s, replica_wait_s=r.replica_wait_s,
                    health_interval_s=r.health_interval_s, start_timeout_s=r.start_timeout_s,
@@ -206,46 +183,39 @@ class RayEngine:
             raise FileNotFoundError(f"judge.model: {path} does not exist")
         kw = dict(device=m.device, dtype=m.dtype, max_batch_size=m.max_batch_size, max_model_len=m.max_model_len,
                   threads=m.threads, admit_wait_ms=m.admit_wait_ms)
-        return cls(path, replicas=r.judge_workers, engine_kwargs=kw, num_cpus=_cpus(r.judge_num_cpus),
+        return cls(path, replicas=r.judge_workers, engine_kwargs=kw, num_cpus=cpu_reservation(r.judge_num_cpus),
                    num_gpus=r.judge_num_gpus, placement=r.placement, max_restarts=r.max_restarts,
                    token_timeout_s=r.token_timeout_s, replica_wait_s=r.replica_wait_s,
                    health_interval_s=r.health_interval_s, start_timeout_s=r.start_timeout_s, role="judge",
                    name_prefix=actor_prefix(cfg))
 
     # -- protocol ----------------------------------------------------------------
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    def relabel(self, version: int) -> None:
-        """Name the base weights `version` (before start; see HFEngine.relabel)."""
-        if self._running:
-            raise RuntimeError("relabel before start")
-        self._version = int(version)
-
     async def start(self) -> None:
         if self._running:
             return
-        self._lock = asyncio.Lock()
-        self._changed = asyncio.Event()
-        results = await asyncio.gather(*(self._activate(r) for r in self.replicas), return_exceptions=True)
+        self.replicas.open()
+        results = await asyncio.gather(*(self.replicas.bring_up(r) for r in self.replicas), return_exceptions=True)
         bad = [(r, e) for r, e in zip(self.replicas, results) if isinstance(e, BaseException)]
         if len(bad) == len(self.replicas):
             raise RuntimeError(f"no engine actor could start: {bad[0][1]}")
         for r, e in bad:
-            self._mark_down(r, f"activation failed: {e}")
+            self.replicas.mark_down(r, f"activation failed: {e}")
         self._running = True
-        self._monitor = asyncio.get_running_loop().create_task(self._monitor_loop())
+        self.replicas.start_monitor()
 
     async def stop(self) -> None:
         self._running = False
-        if self._monitor is not None:
-            self._monitor.cancel()
-            await asyncio.gather(self._monitor, return_exceptions=True)
-            self._monitor = None
+        await self.replicas.stop()
         await asyncio.gather(*(asyncio.wait_for(_aref(r.handle.stop.remote()), 15) for r in self.replicas),
                              return_exceptions=True)
         self._kill_all()
+
+    @property
+    def policy_version(self) -> int:
+        return self.replicas.version
+
+    def relabel(self, version: int) -> None:
+        self.replicas.relabel(version)
 
     def _kill_all(self) -> None:
         from clawloop.distributed.placement import release
@@ -264,9 +234,9 @@ class RayEngine:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.replica_wait_s
         emitted: list[int] = []
-        last_version = self._version
+        last_version = self.policy_version
         while True:
-            r = await self._pick(request.session_id, deadline)
+            r = await self.replicas.wait_route(request.session_id, deadline)
             sub = request
             if emitted:
                 remaining = request.params.max_tokens - len(emitted)
@@ -287,7 +257,7 @@ class RayEngine:
                 return
             except _ReplicaFailed as e:
                 if r.state == "up":
-                    self._mark_down(r, str(e))
+                    self.replicas.mark_down(r, str(e))
                 if emitted and request.params.constraint is not None:
                     raise EngineUnavailable(f"{r.name} failed after {len(emitted)} constrained tokens: {e}") from None
                 self.stats_.retries += 1
@@ -299,30 +269,7 @@ class RayEngine:
             finally:
                 r.inflight -= 1
 
-    async def _pick(self, session_id: str | None, deadline: float) -> Replica:
-        loop = asyncio.get_running_loop()
-        while True:
-            up = [r for r in self.replicas if r.state == "up"]
-            if up:
-                if session_id:
-                    def score(r: Replica) -> bytes:
-                        return hashlib.blake2b(f"{session_id}\0{r.index}".encode(), digest_size=8).digest()
-
-                    return max(up, key=score)
-                return min(up, key=lambda r: (r.inflight, r.index))
-            left = deadline - loop.time()
-            if left <= 0 or not self.available:
-                self.stats_.unavailable += 1
-                states = ", ".join(f"{r.name} {r.state}" for r in self.replicas)
-                raise EngineUnavailable(f"no inference engine replica is available ({states}); retry shortly",
-                                        retry_after_s=5.0)
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=min(left, self.health_interval_s))
-            except asyncio.TimeoutError:
-                pass
-
-    async def _stream(self, r: Replica, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    async def _stream(self, r: ActorReplica, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         import ray
         from ray.exceptions import RayActorError, RayTaskError, TaskCancelledError
 
@@ -378,9 +325,9 @@ class RayEngine:
         if isinstance(weights, LoraAdapter):
             raise ValueError("publish: the ray engine takes merged full weights, not a LoRA adapter")
         version = int(version)
-        async with self._lock:
-            if version < self._version:
-                raise ValueError(f"publish: v{version} is older than the served v{self._version} (versions only "
+        async with self.replicas.lock:
+            if version < self.policy_version:
+                raise ValueError(f"publish: v{version} is older than the served v{self.policy_version} (versions only "
                                  "go forward)")
             t0 = time.perf_counter()
             if isinstance(weights, ray.ObjectRef) or isinstance(weights, (str, Path)):
@@ -391,21 +338,13 @@ class RayEngine:
                 ref = ray.put(await asyncio.to_thread(pack, weights))
             else:
                 raise TypeError(f"publish: cannot serve {type(weights).__name__}")
-            up = [r for r in self.replicas if r.state == "up"]
-            results = await asyncio.gather(*(asyncio.wait_for(_aref(r.handle.publish.remote(ref, version)),
-                                                              self.start_timeout_s) for r in up),
-                                           return_exceptions=True)
-            failed = [(r, e) for r, e in zip(up, results) if isinstance(e, BaseException)]
-            for r, e in failed:
-                log.error("publish v%d to %s failed: %s; it gets the weights when it is back", version, r.name, e)
-                self._mark_down(r, f"publish failed: {e}")
-            if up and len(failed) == len(up):
+            try:  # a replica that is down gets the weights when it is back
+                await self.replicas.fan_out("publish", version, lambda r: _aref(r.handle.publish.remote(ref, version)),
+                                            self.start_timeout_s)
+            except RuntimeError:
                 self.stats_.publish_failures += 1
-                raise RuntimeError(f"publish of v{version} failed on every replica: {failed[0][1]}")
-            for r, e in zip(up, results):
-                if not isinstance(e, BaseException):
-                    r.version = version
-            self._weights, self._version = ref, version
+                raise
+            self._weights = ref
             self.stats_.publishes += 1
             self.stats_.last_publish_s = time.perf_counter() - t0
 
@@ -414,90 +353,52 @@ class RayEngine:
         """The weights served now (an object ref or a path; None: the base weights)."""
         return self._weights
 
-    # -- monitor -------------------------------------------------------------------
-    def _note(self, r: Replica, info: dict[str, Any]) -> None:
+    # -- the replica set's transport (see engines/replicas.py) ----------------------
+    def _note(self, r: ActorReplica, info: dict[str, Any]) -> None:
+        r.seen = info
         r.node_id, r.node_ip, r.pid = info.get("node_id", ""), info.get("node_ip", ""), info.get("pid")
         r.stats = dict(info.get("stats") or {})
 
-    async def _activate(self, r: Replica) -> None:
-        """Bring a (re)started replica to the served weights and version, then route to it."""
-        info = await asyncio.wait_for(_aref(r.handle.ping.remote()), self.start_timeout_s)
-        async with self._lock:
-            same = (info["incarnation"] == r.incarnation and info["active"] and info["version"] == self._version)
-            if not same:  # (a replica only marked down by a slow request keeps its weights)
-                await asyncio.wait_for(_aref(r.handle.activate.remote(self._weights, self._version)),
-                                       self.start_timeout_s)
-            if r.incarnation is not None and info["incarnation"] != r.incarnation:
-                r.restarts += 1
-                self.stats_.restarts += 1
-                log.warning("%s restarted (restart %d, pid %s): serving v%d again", r.name, r.restarts,
-                            info.get("pid"), self._version)
-            r.incarnation, r.version = info["incarnation"], self._version
-            self._note(r, info)
-            r.failures = 0
-            r.last_error = "" if r.state == "starting" else r.last_error
-            r.state = "up"
-            r.down = asyncio.get_running_loop().create_future()
-        if self._changed is not None:
-            self._changed.set()
+    def owns_process(self, r: ActorReplica) -> bool:
+        return False  # Ray restarts a dead actor (max_restarts) in its bundle; the set waits for it
 
-    def _mark_down(self, r: Replica, why: str, state: str = "down") -> None:
-        """Stop routing to `r` (and wake the requests waiting on it); the monitor brings it back."""
-        r.last_error = why
-        if r.state == "failed":
-            return
-        if r.state in ("up", "starting"):
-            r.down_since = time.time()
-        r.state = state
-        if r.down is not None and not r.down.done():
-            r.down.set_result(None)
-
-    async def _monitor_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.health_interval_s)
-            await asyncio.gather(*(self._check(r) for r in self.replicas if r.state != "failed"),
-                                 return_exceptions=True)
-
-    async def _check(self, r: Replica) -> None:
+    async def probe_replica(self, r: ActorReplica) -> Probe:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         try:
             info = await asyncio.wait_for(_aref(r.handle.ping.remote()), max(5.0, 3 * self.health_interval_s))
         except asyncio.TimeoutError:
-            if r.state == "up":
-                r.failures += 1
-                if r.failures >= HUNG_AFTER:
-                    log.error("%s missed %d health checks; marking it down", r.name, r.failures)
-                    self._mark_down(r, "health checks timed out")
-            self._give_up_if_stuck(r)
-            return
+            return Probe("missed", "health checks timed out")
         except ActorUnavailableError as e:  # Ray is restarting it
-            self._mark_down(r, f"restarting: {str(e).splitlines()[0][:200]}", "restarting")
-            self._give_up_if_stuck(r)
-            return
+            return Probe("gone", f"restarting: {str(e).splitlines()[0][:200]}", "restarting")
         except (ActorDiedError, RayActorError) as e:
-            self._mark_down(r, f"died: {str(e).splitlines()[0][:200]}", "restarting")
-            if r.restarts >= self.max_restarts:
-                r.state = "failed"
-                log.error("%s died after its last restart (%d); given up", r.name, r.restarts)
-            self._give_up_if_stuck(r)
-            return
+            given_up = r.restarts >= self.max_restarts  # it died after its last restart
+            return Probe("gone", f"died: {str(e).splitlines()[0][:200]}", "failed" if given_up else "restarting")
         self._note(r, info)
-        if r.state == "up" and info["incarnation"] == r.incarnation and info["active"]:
-            r.failures = 0
-            return
-        if r.state == "up":  # restarted under us (new incarnation, inactive)
-            self._mark_down(r, "restarted")
-        try:
-            await self._activate(r)
-        except Exception as e:
-            r.last_error = f"coming back: {e}"
-            self._give_up_if_stuck(r)
+        return Probe("ok" if info["incarnation"] == r.incarnation and info["active"] else "fresh")
 
-    def _give_up_if_stuck(self, r: Replica) -> None:
-        if r.state in ("down", "restarting") and r.down_since and time.time() - r.down_since > self.start_timeout_s:
-            r.state = "failed"
-            log.error("%s has been %s for %.0f s; given up", r.name, r.last_error, time.time() - r.down_since)
+    async def catch_up_replica(self, r: ActorReplica) -> None:
+        """Activate a (re)started actor with the served weights and version (one only marked down by a
+        slow request, still serving them, is left as it is)."""
+        info = r.seen
+        version = self.policy_version
+        if not (info["incarnation"] == r.incarnation and info["active"] and info["version"] == version):
+            await asyncio.wait_for(_aref(r.handle.activate.remote(self._weights, version)),
+                                   self.start_timeout_s)
+        if r.incarnation is not None and info["incarnation"] != r.incarnation:
+            r.restarts += 1
+            log.warning("%s restarted (restart %d, pid %s): serving v%d again", r.name, r.restarts,
+                        info.get("pid"), version)
+        r.incarnation, r.version = info["incarnation"], version
+
+    async def launch_replica(self, r: ActorReplica) -> None:
+        raise NotImplementedError("Ray restarts engine actors")
+
+    async def halt_replica(self, r: ActorReplica) -> None:
+        raise NotImplementedError("Ray restarts engine actors")
+
+    def replica_down(self, r: ActorReplica) -> None:
+        pass  # its requests wait on `r.down`, resolved by the set
 
     # -- reporting -----------------------------------------------------------------
     @property
@@ -515,10 +416,7 @@ class RayEngine:
         return out
 
     def health(self) -> dict[str, Any]:
-        up = sum(r.state == "up" for r in self.replicas)
-        status = "ok" if up == len(self.replicas) else ("degraded" if up else "unavailable")
-        out = {"status": status, "backend": "ray", "replicas": [r.health() for r in self.replicas],
-               "actors": self.actors()}
+        out = {**self.replicas.health("ray"), "actors": self.actors()}
         if self.cluster_info is not None:
             out["ray"] = self.cluster_info()
         return out
@@ -526,22 +424,11 @@ class RayEngine:
     def stats(self) -> dict[str, float]:
         s = self.stats_
         out = {
-            "engine/replicas": float(len(self.replicas)),
-            "engine/replicas_up": float(sum(r.state == "up" for r in self.replicas)),
-            "engine/active_rows": float(sum(r.inflight for r in self.replicas)),
-            "engine/requests": float(s.requests), "engine/retries": float(s.retries),
-            "engine/resumed": float(s.resumed), "engine/unavailable": float(s.unavailable),
-            "engine/publishes": float(s.publishes), "engine/publish_failures": float(s.publish_failures),
-            "engine/last_publish_s": s.last_publish_s, "engine/restarts": float(s.restarts),
-            "engine/policy_version": float(self._version),
+            **s.stats(), "engine/resumed": float(s.resumed),
             "engine/tokens_generated": float(sum(r.stats.get("engine/tokens_generated", 0.0)
                                                  for r in self.replicas)),
         }
-        for r in self.replicas:
-            out[f"engine/{r.name}_up"] = 1.0 if r.state == "up" else 0.0
-            out[f"engine/{r.name}_inflight"] = float(r.inflight)
-            out[f"engine/{r.name}_restarts"] = float(r.restarts)
-            out[f"engine/{r.name}_policy_version"] = float(r.version if r.version is not None else -1)
+        out.update(self.replicas.stats())
         return out
 
 
@@ -554,7 +441,7 @@ def _reserved(num_cpus: float, num_gpus: float) -> dict[str, float]:
     return {k: float(v) for k, v in (("CPU", num_cpus), ("GPU", num_gpus)) if v > 0}
 
 
-def _cpus(v: float) -> float:
+def cpu_reservation(v: float) -> float:
     """A CPU reservation left on auto (-1) when nothing resolved it (`RayRuntime.check_fit` does): 1."""
     return float(v) if v >= 0 else 1.0
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clawloop.engines.vllm import Replica, VLLMEngine, VLLMProcess
+from clawloop.engines.vllm import HTTPReplica, VLLMEngine, VLLMProcess
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class RayVLLMEngine(VLLMEngine):
     @classmethod
     def from_config(cls, cfg: Any) -> "RayVLLMEngine":  # type: ignore[override]
         from clawloop.config import ConfigError
-        from clawloop.distributed.router import _cpus, actor_prefix
+        from clawloop.distributed.router import actor_prefix, cpu_reservation
         from clawloop.engines.vllm import find_vllm_python
         from clawloop.naming import model_path
 
@@ -199,7 +199,7 @@ class RayVLLMEngine(VLLMEngine):
         path = model_path(cfg)
         if not Path(path).exists():
             raise ConfigError(f"model.path: {path} does not exist (a local HF folder: clawloop never downloads)")
-        return cls(path, replicas=m.engine_replicas, num_cpus=_cpus(r.engine_num_cpus), num_gpus=r.engine_num_gpus,
+        return cls(path, replicas=m.engine_replicas, num_cpus=cpu_reservation(r.engine_num_cpus), num_gpus=r.engine_num_gpus,
                    placement=r.placement, ray_max_restarts=r.max_restarts, name_prefix=actor_prefix(cfg),
                    host_timeout_s=r.start_timeout_s, python=find_vllm_python(m.vllm_python),
                    data_dir=str(Path(cfg.data_dir).resolve()), max_model_len=m.max_model_len, dtype=m.dtype,
@@ -209,14 +209,14 @@ class RayVLLMEngine(VLLMEngine):
                    request_timeout_s=m.request_timeout_s, health_interval_s=m.health_interval_s,
                    max_restarts=m.max_restarts, keep_weights=m.keep_weights)
 
-    def _spawn(self, r: Replica) -> None:
+    def _spawn(self, r: HTTPReplica) -> None:
         assert self.python is not None
         proc = RemoteVLLMProcess(self.hosts[r.index], str(self.python), self._server_args("HOST", 0),
                                  self._server_env(r), self.data_dir / "logs" / f"vllm-{r.name}.log")
         r.process = proc  # type: ignore[assignment]
         proc.start()  # submitted; `_wait_healthy` waits for the address
 
-    async def _wait_healthy(self, r: Replica, timeout_s: float, first: bool = False) -> None:
+    async def _wait_healthy(self, r: HTTPReplica, timeout_s: float, first: bool = False) -> None:
         p = r.process
         if isinstance(p, RemoteVLLMProcess) and not p.info:
             await p.started(timeout_s)

@@ -32,19 +32,18 @@ loaded with `/v1/load_lora_adapter` under a per-version name; new requests
 use the newest adapter, an old one is unloaded once its last request ends.
 A request never changes adapter, so its tokens share one version.
 
-Replicas: each session sticks to one replica (rendezvous hashing over the
-healthy ones, so its prefix cache stays warm and a lost replica moves only
-its own sessions); requests without a session go to the least busy replica.
-A monitor checks every replica; a started replica that exits or stops
-answering is restarted with bounded exponential backoff and brought back to
-the current weights before it takes traffic. While no replica is up, requests
-get `EngineUnavailable` (the gateway's 503 with Retry-After), never a hang.
+Replicas: the replica set (`engines/replicas.py`, shared with the Ray engine)
+routes (a session sticks to one replica, others go to the least busy), watches
+and restarts them and fans publishes out; this engine is its HTTP transport.
+A started replica that exits or stops answering is restarted with bounded
+exponential backoff and brought back to the current weights before it takes
+traffic. While no replica is up, requests get `EngineUnavailable` (the
+gateway's 503 with Retry-After), never a hang.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
@@ -57,16 +56,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
+import httpx
+
 from clawloop.config import ConfigError
 from clawloop.engines.base import EngineUnavailable, GenerationRequest, LoraAdapter, TokenEvent
+from clawloop.engines.replicas import Counters, Probe, Replica, ReplicaSet
 
 log = logging.getLogger(__name__)
 
 LAUNCHER = Path(__file__).with_name("vllm_launch.py")
 BASE_NAME = "clawloop-base"
 """The name the base model is served under; LoRA versions are `clawloop-vN`."""
-UNHEALTHY_AFTER = 3
-"""Consecutive failed health checks before a replica counts as down (hung)."""
 STOP_GRACE_S = 20.0
 
 
@@ -153,33 +153,19 @@ class VLLMProcess:
 
 
 @dataclass
-class Replica:
-    index: int
-    url: str
+class HTTPReplica(Replica):
+    """A vLLM server reached over HTTP."""
+
+    version: int | None = 0
+    url: str = ""
     process: VLLMProcess | None = None
     """None for a server someone else runs (`--engine-url`): never restarted by us."""
-    state: str = "starting"
-    """starting · up · down · restarting · failed"""
-    restarts: int = 0
-    failures: int = 0
-    last_error: str = ""
-    inflight: int = 0
-    requests: int = 0
-    version: int = 0
-    """The weight version this replica serves to new requests."""
-    restart_task: asyncio.Task | None = None
     streams: set = field(default_factory=set)
     """Open response streams; closed when the replica is taken down, so no request waits on a hung server."""
 
-    @property
-    def name(self) -> str:
-        return f"replica{self.index}"
-
     def health(self) -> dict[str, Any]:
-        return {"name": self.name, "url": self.url, "state": self.state, "policy_version": self.version,
-                "inflight": self.inflight, "requests": self.requests, "restarts": self.restarts,
-                "managed": self.process is not None, "pid": self.process.pid if self.process else None,
-                "last_error": self.last_error or None}
+        return {**super().health(), "url": self.url, "managed": self.process is not None,
+                "pid": self.process.pid if self.process else None}
 
 
 @dataclass
@@ -191,16 +177,9 @@ class _Adapter:
 
 
 @dataclass
-class _Stats:
+class _Stats(Counters):
     tokens: int = 0
-    requests: int = 0
-    retries: int = 0
-    publishes: int = 0
-    publish_failures: int = 0
-    last_publish_s: float = 0.0
     last_pause_s: float = 0.0
-    restarts: int = 0
-    unavailable: int = 0
     mixed_version_responses: int = 0
     adapters_unloaded: int = 0
     extra: dict[str, float] = field(default_factory=dict)
@@ -244,22 +223,18 @@ class VLLMEngine:
         self.python = python
         self.serve_dir = self.model_path
         """The folder vLLM loads (an untied copy for tied-embedding models; see `_untied_model_dir`)."""
-        self._version = policy_version
         self._weights_path: str | None = None
         """The folder of the weights now served (None: the base model at `model_path`)."""
         self._adapter: _Adapter | None = None
         self._old_adapters: list[_Adapter] = []
-        if urls:
-            self.replicas = [Replica(i, u.rstrip("/")) for i, u in enumerate(urls)]
-            self.managed = False
-        else:
-            self.replicas = [Replica(i, "") for i in range(max(1, replicas))]
-            self.managed = True
+        self.managed = not urls
+        reps = ([HTTPReplica(i, f"replica{i}", url=u.rstrip("/")) for i, u in enumerate(urls)] if urls else
+                [HTTPReplica(i, f"replica{i}") for i in range(max(1, replicas))])
+        self.replicas = ReplicaSet(reps, self, version=policy_version, health_interval_s=health_interval_s,
+                                   max_restarts=max_restarts)
         self.eos_token_ids = self._eos_ids()
         self.stats_ = _Stats()
         self._client: Any = None
-        self._monitor: asyncio.Task | None = None
-        self._publish_lock: asyncio.Lock | None = None
         self._awake: asyncio.Event | None = None
         self._running = False
 
@@ -299,25 +274,20 @@ class VLLMEngine:
     # -- protocol ----------------------------------------------------------------
     @property
     def policy_version(self) -> int:
-        return self._version
+        return self.replicas.version
 
     def relabel(self, version: int) -> None:
-        """Name the weights served now `version` (before `start`; see HFEngine.relabel)."""
-        if self._running:
-            raise RuntimeError("relabel before start")
-        self._version = int(version)
+        self.replicas.relabel(version)
 
     async def start(self) -> None:
         if self._running:
             return
-        import httpx
-
         # httpx logs every request at INFO: one line per generation and health check is noise here.
         logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=5.0, read=self.request_timeout_s, write=30.0, pool=30.0),
             limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512))
-        self._publish_lock = asyncio.Lock()
+        self.replicas.open()
         self._awake = asyncio.Event()
         self._awake.set()
         try:
@@ -331,23 +301,17 @@ class VLLMEngine:
                             "this for servers it starts) or publish LoRA adapters", self.model_path)
             await asyncio.gather(*(self._wait_healthy(r, self.start_timeout_s, first=True) for r in self.replicas))
             for r in self.replicas:
-                await self._bring_to_current(r)
-                r.state = "up"
+                await self.replicas.bring_up(r)
         except BaseException:
             await self._shutdown_processes()
             await self._client.aclose()
             raise
         self._running = True
-        self._monitor = asyncio.create_task(self._monitor_loop())
+        self.replicas.start_monitor()
 
     async def stop(self) -> None:
         self._running = False
-        if self._monitor is not None:
-            self._monitor.cancel()
-            await asyncio.gather(self._monitor, return_exceptions=True)
-        for r in self.replicas:
-            if r.restart_task is not None:
-                r.restart_task.cancel()
+        await self.replicas.stop()
         await self._shutdown_processes()
         if self._client is not None:
             await self._client.aclose()
@@ -392,24 +356,11 @@ class VLLMEngine:
                     if adapter is not self._adapter and adapter.inflight == 0:
                         self._schedule_unload(adapter)
 
-    def _route(self, session_id: str | None, exclude: set[int]) -> Replica:
-        up = [r for r in self.replicas if r.state == "up" and r.index not in exclude]
-        if not up:
-            self.stats_.unavailable += 1
-            states = ", ".join(f"{r.name} {r.state}" for r in self.replicas)
-            raise EngineUnavailable(f"no inference engine replica is available ({states}); retry shortly",
-                                    retry_after_s=5.0)
-        if session_id:
-            def score(r: Replica) -> bytes:
-                return hashlib.blake2b(f"{session_id}\0{r.index}".encode(), digest_size=8).digest()
+    def _route(self, session_id: str | None, exclude: set[int]) -> HTTPReplica:
+        return self.replicas.route(session_id, exclude)
 
-            return max(up, key=score)
-        return min(up, key=lambda r: (r.inflight, r.index))
-
-    async def _stream(self, r: Replica, request: GenerationRequest,
+    async def _stream(self, r: HTTPReplica, request: GenerationRequest,
                       adapter: _Adapter | None) -> AsyncIterator[TokenEvent]:
-        import httpx
-
         p = request.params
         k = max(0, min(p.top_logprobs, self.max_logprobs))
         sp: dict[str, Any] = {"temperature": p.temperature, "top_p": p.top_p, "max_tokens": p.max_tokens,
@@ -466,13 +417,13 @@ class VLLMEngine:
             if not finished:  # the stream ended without a finish: never pass a cut response off as whole
                 raise EngineUnavailable(f"{r.name}: the stream ended before the response finished")
         except (httpx.TransportError, httpx.StreamError) as e:
-            self._suspect(r, e)
+            self.replicas.suspect(r, f"{type(e).__name__}: {e}")
             raise EngineUnavailable(f"{r.name} failed mid-request: {type(e).__name__}: {e}") from e
         finally:
             if opened is not None:
                 r.streams.discard(opened)
 
-    def _events(self, ch: dict[str, Any], r: Replica, adapter: _Adapter | None, v0: int, n0: int,
+    def _events(self, ch: dict[str, Any], r: HTTPReplica, adapter: _Adapter | None, v0: int, n0: int,
                 k: int) -> list[TokenEvent]:
         ids = ch.get("token_ids") or []
         content = ((ch.get("logprobs") or {}).get("content")) or []
@@ -510,7 +461,7 @@ class VLLMEngine:
     async def publish(self, weights: Mapping[str, Any] | str | Path | LoraAdapter, version: int) -> None:
         """Serve `weights` as `version` on every replica that is up; a replica that is
         down gets them when it comes back. Returns once new requests get `version`."""
-        async with self._publish_lock:
+        async with self.replicas.lock:
             t0 = time.perf_counter()
             version = int(version)
             try:
@@ -533,28 +484,13 @@ class VLLMEngine:
             self.stats_.last_publish_s = time.perf_counter() - t0
             await asyncio.to_thread(self._prune_weights)
 
-    async def _publish_to_replicas(self, what: str, version: int, call) -> None:
-        """`call(replica)` on every replica that is up, at once. A replica that fails is taken down
-        (and restarted: it comes back on the current weights); the publish fails only if all did."""
-        up = [r for r in self.replicas if r.state == "up"]
-        results = await asyncio.gather(*(call(r) for r in up), return_exceptions=True)
-        failed = [(r, res) for r, res in zip(up, results) if isinstance(res, BaseException)]
-        for r, res in failed:
-            log.error("%s v%d to %s failed: %s; restarting it", what, version, r.name, res)
-            r.last_error = f"{what} failed: {res}"
-            self._mark_down(r)
-        for r, res in zip(up, results):
-            if not isinstance(res, BaseException):
-                r.version = version
-        if up and len(failed) == len(up):
-            raise RuntimeError(f"{what} of v{version} failed on every replica: {failed[0][1]}")
-
     async def _publish_full(self, path: str, version: int) -> None:
-        await self._publish_to_replicas("publish", version, lambda r: self._reload(r, path, version))
-        self._weights_path, self._version = path, version
+        # A replica that fails is taken down and restarted: it comes back on the current weights.
+        await self.replicas.fan_out("publish", version, lambda r: self._reload(r, path, version))
+        self._weights_path = path
         self._adapter = None
 
-    async def _reload(self, r: Replica, path: str, version: int) -> None:
+    async def _reload(self, r: HTTPReplica, path: str, version: int) -> None:
         """pause(keep) → reload → tag → reset prefix cache → resume; resumes even on failure."""
         t0 = time.perf_counter()
         await self._post(r, "/pause", params={"mode": "keep"})
@@ -570,7 +506,7 @@ class VLLMEngine:
             await self._post(r, "/resume")
             self.stats_.last_pause_s = time.perf_counter() - t0
 
-    async def _reset_prefix_cache(self, r: Replica) -> None:
+    async def _reset_prefix_cache(self, r: HTTPReplica) -> None:
         """Drop KV computed by the old weights. Running requests are preempted and recomputed on
         resume, so every token sampled after a publish is conditioned on new-weight KV only: its
         logprob is exactly the new policy's, as its version says."""
@@ -582,11 +518,11 @@ class VLLMEngine:
 
     async def _publish_adapter(self, path: str, version: int) -> None:
         name = f"clawloop-v{version}"
-        await self._publish_to_replicas("LoRA publish", version, lambda r: self._post(
+        await self.replicas.fan_out("LoRA publish", version, lambda r: self._post(
             r, "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path}, timeout=300))
         old = self._adapter
         self._adapter = _Adapter(name, version, path)
-        self._weights_path, self._version = path, version
+        self._weights_path = path
         if old is not None:
             if old.inflight == 0:
                 self._schedule_unload(old)
@@ -722,7 +658,7 @@ class VLLMEngine:
         if not self.sleep_mode:
             return
         self._awake.clear()
-        up = [r for r in self.replicas if r.state == "up"]
+        up = self.replicas.up()
         await asyncio.gather(*(self._post(r, "/pause", params={"mode": "wait"}, timeout=self.request_timeout_s)
                                for r in up))
         await asyncio.gather(*(self._post(r, "/sleep", params={"level": "1"}, timeout=300) for r in up))
@@ -731,14 +667,14 @@ class VLLMEngine:
         if not self.sleep_mode:
             return
         try:
-            up = [r for r in self.replicas if r.state == "up"]
+            up = self.replicas.up()
             await asyncio.gather(*(self._post(r, "/wake_up", timeout=300) for r in up))
             await asyncio.gather(*(self._post(r, "/resume") for r in up))
         finally:
             self._awake.set()
 
     # -- health, restarts ---------------------------------------------------------------
-    def _spawn(self, r: Replica) -> None:
+    def _spawn(self, r: HTTPReplica) -> None:
         port = _free_port()
         r.url = f"http://127.0.0.1:{port}"
         env = dict(os.environ)
@@ -772,7 +708,7 @@ class VLLMEngine:
             args += ["--enable-sleep-mode"]
         return args + self.extra_args
 
-    def _server_env(self, r: Replica) -> dict[str, str]:
+    def _server_env(self, r: HTTPReplica) -> dict[str, str]:
         """What a replica's environment adds to the one it starts in."""
         env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
@@ -785,7 +721,7 @@ class VLLMEngine:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = str(r.index % (os.cpu_count() or 1))
         return env
 
-    async def _wait_healthy(self, r: Replica, timeout_s: float, first: bool = False) -> None:
+    async def _wait_healthy(self, r: HTTPReplica, timeout_s: float, first: bool = False) -> None:
         t0 = time.monotonic()
         last_note = t0
         while True:
@@ -809,14 +745,23 @@ class VLLMEngine:
                       flush=True)
             await asyncio.sleep(0.5)
 
-    async def _healthy(self, r: Replica) -> bool:
+    async def _healthy(self, r: HTTPReplica) -> bool:
         try:
             resp = await self._client.get(r.url + "/health", timeout=5.0)
             return resp.status_code == 200
         except Exception:
             return False
 
-    async def _bring_to_current(self, r: Replica) -> None:
+    # -- the replica set's transport (see engines/replicas.py) ---------------------------
+    def owns_process(self, r: HTTPReplica) -> bool:
+        return r.process is not None
+
+    async def probe_replica(self, r: HTTPReplica) -> Probe:
+        if r.process is not None and r.process.exited() is not None:
+            return Probe("gone", f"exited with code {r.process.exited()}")
+        return Probe("ok") if await self._healthy(r) else Probe("missed", "health check failed")
+
+    async def catch_up_replica(self, r: HTTPReplica) -> None:
         """A (re)started replica: serve the current weights as the current version before traffic."""
         if self._adapter is not None:
             await self._post(r, "/v1/load_lora_adapter", json={"lora_name": self._adapter.name,
@@ -825,78 +770,22 @@ class VLLMEngine:
             await self._post(r, "/collective_rpc", json={"method": "reload_weights",
                                                         "kwargs": {"weights_path": self._weights_path}}, timeout=600)
             await self._reset_prefix_cache(r)
-        await self._post(r, "/update_weight_version", json={"new_version": str(self._version)})
-        r.version = self._version
+        await self._post(r, "/update_weight_version", json={"new_version": str(self.policy_version)})
+        r.version = self.policy_version
 
-    def _suspect(self, r: Replica, e: BaseException) -> None:
-        r.last_error = f"{type(e).__name__}: {e}"
-        r.failures = UNHEALTHY_AFTER - 1  # the next failed health check takes it down
+    async def launch_replica(self, r: HTTPReplica) -> None:
+        self._spawn(r)
+        await self._wait_healthy(r, self.start_timeout_s)
 
-    def _mark_down(self, r: Replica) -> None:
-        if r.state in ("down", "restarting", "failed"):
-            return
-        r.state = "down"
+    async def halt_replica(self, r: HTTPReplica) -> None:
+        await asyncio.to_thread(r.process.stop, 5.0)
+
+    def replica_down(self, r: HTTPReplica) -> None:
         for resp in list(r.streams):  # requests waiting on it end now (503 / error chunk), not at a timeout
             asyncio.get_running_loop().create_task(resp.aclose())
         r.streams.clear()
-        if r.process is not None and self._running:
-            r.restart_task = asyncio.get_running_loop().create_task(self._restart(r))
 
-    async def _monitor_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.health_interval_s)
-            for r in self.replicas:
-                if r.state in ("restarting", "failed"):
-                    continue
-                if r.process is not None and r.process.exited() is not None:
-                    r.last_error = f"exited with code {r.process.exited()}"
-                    log.error("vLLM %s exited (code %s); restarting", r.name, r.process.exited())
-                    self._mark_down(r)
-                    continue
-                if await self._healthy(r):
-                    r.failures = 0
-                    if r.state == "down" and r.process is None:  # an attached server came back
-                        try:
-                            await self._bring_to_current(r)
-                            r.state = "up"
-                            log.warning("vLLM %s is back", r.name)
-                        except Exception as e:
-                            r.last_error = f"coming back: {e}"
-                    continue
-                r.failures += 1
-                if r.failures >= UNHEALTHY_AFTER and r.state == "up":
-                    r.last_error = r.last_error or "health check failed"
-                    log.error("vLLM %s failed %d health checks; marking it down", r.name, r.failures)
-                    self._mark_down(r)
-
-    async def _restart(self, r: Replica) -> None:
-        r.state = "restarting"
-        while self._running:
-            if r.restarts >= self.max_restarts:
-                r.state = "failed"
-                log.error("vLLM %s: giving up after %d restarts (%s)", r.name, r.restarts, r.last_error)
-                return
-            delay = min(60.0, 2.0 ** r.restarts)
-            r.restarts += 1
-            self.stats_.restarts += 1
-            await asyncio.to_thread(r.process.stop, 5.0)
-            await asyncio.sleep(delay)
-            try:
-                self._spawn(r)
-                await self._wait_healthy(r, self.start_timeout_s)
-                async with self._publish_lock:  # no publish may slip between catching up and taking traffic
-                    await self._bring_to_current(r)
-                    r.failures = 0
-                    r.state = "up"
-                log.warning("vLLM %s restarted (restart %d) serving v%d", r.name, r.restarts, r.version)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                r.last_error = f"restart failed: {e}"
-                log.error("vLLM %s restart failed: %s", r.name, e)
-
-    async def _post(self, r: Replica, path: str, *, json: Any = None, params: Any = None,
+    async def _post(self, r: HTTPReplica, path: str, *, json: Any = None, params: Any = None,
                     timeout: float = 60.0) -> dict[str, Any]:
         resp = await self._client.post(r.url + path, json=json, params=params, timeout=timeout)
         if resp.status_code != 200:
@@ -912,30 +801,17 @@ class VLLMEngine:
         return any(r.state == "up" for r in self.replicas)
 
     def health(self) -> dict[str, Any]:
-        up = sum(r.state == "up" for r in self.replicas)
-        status = "ok" if up == len(self.replicas) else ("degraded" if up else "unavailable")
-        return {"status": status, "backend": "vllm", "replicas": [r.health() for r in self.replicas]}
+        return self.replicas.health("vllm")
 
     def stats(self) -> dict[str, float]:
         s = self.stats_
         out = {
-            "engine/replicas": float(len(self.replicas)),
-            "engine/replicas_up": float(sum(r.state == "up" for r in self.replicas)),
-            "engine/active_rows": float(sum(r.inflight for r in self.replicas)),
-            "engine/tokens_generated": float(s.tokens), "engine/requests": float(s.requests),
-            "engine/retries": float(s.retries), "engine/unavailable": float(s.unavailable),
-            "engine/publishes": float(s.publishes), "engine/publish_failures": float(s.publish_failures),
-            "engine/last_publish_s": s.last_publish_s, "engine/last_pause_s": s.last_pause_s,
-            "engine/restarts": float(s.restarts), "engine/policy_version": float(self._version),
+            **s.stats(), "engine/tokens_generated": float(s.tokens), "engine/last_pause_s": s.last_pause_s,
             "engine/mixed_version_responses": float(s.mixed_version_responses),
             "engine/lora_adapters_unloaded": float(s.adapters_unloaded),
         }
         out.update({f"engine/{k}": v for k, v in s.extra.items()})
-        for r in self.replicas:
-            out[f"engine/{r.name}_up"] = 1.0 if r.state == "up" else 0.0
-            out[f"engine/{r.name}_inflight"] = float(r.inflight)
-            out[f"engine/{r.name}_restarts"] = float(r.restarts)
-            out[f"engine/{r.name}_policy_version"] = float(r.version)
+        out.update(self.replicas.stats())
         return out
 
 
