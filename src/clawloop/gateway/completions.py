@@ -37,25 +37,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from clawloop.engines.base import EngineUnavailable, GenerationRequest, SamplingParams, TokenEvent
-from clawloop.gateway.app import _TIMED_OUT, Gateway, choice_seed, drain, timeout_error, unavailable_error
-from clawloop.gateway.protocol import (MAX_N, MAX_TOP_LOGPROBS, APIError, bad_value, number_field,
-                                       parse_json_body, parse_sampling)
+from clawloop.engines.base import GenerationRequest, SamplingParams
+from clawloop.gateway.capture import TurnSlot
+from clawloop.gateway.protocol import MAX_N, MAX_TOP_LOGPROBS, APIError, bad_value, number_field, parse_sampling
 from clawloop.gateway.render import Detokenizer, TextStream
+from clawloop.gateway.serving import Gateway, Generation, InFlight, Lease, OnDelta, choice_seed, generate
 from clawloop.records import TURN_SIDE, Turn
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for legacy completions."""
@@ -228,7 +224,7 @@ def parse_completion_request(body: dict[str, Any], tok: Any, vocab: int, max_len
 
 def can_score_prompts(engine: Any) -> bool:
     """Whether `engine` exposes an in-process torch model to compute prompt logprobs with."""
-    import torch
+    import torch  # heavy: kept off the gateway's import path (engines out of process never need it)
 
     return isinstance(getattr(engine, "model", None), torch.nn.Module)
 
@@ -236,7 +232,7 @@ def can_score_prompts(engine: Any) -> bool:
 def prompt_logprobs(model: Any, ids: list[int], k: int) -> list[tuple[float, list[tuple[int, float]]]]:
     """For prompt tokens 1.. : (logprob of the token given the ones before, top-k alternatives),
     from one forward pass at temperature 1."""
-    import torch
+    import torch  # heavy: see can_score_prompts
 
     if len(ids) < 2:
         return []
@@ -254,20 +250,13 @@ def prompt_logprobs(model: Any, ids: list[int], k: int) -> list[tuple[float, lis
     return list(zip(chosen, tops))
 
 
-@dataclass
-class _Gen:
+@dataclass(kw_only=True)
+class CompletionChoice(Generation):
     """One sampled completion of one prompt."""
 
     prompt: int
     j: int
     """Its place among its prompt's samples (seed + j)."""
-    detok: Detokenizer
-    text: TextStream
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    tops: list[list[tuple[int, float]] | None] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
     index: int = -1
     """The choice index it is returned as (-1: not returned, best_of)."""
     offset: int = 0
@@ -277,75 +266,48 @@ class _Gen:
         return sum(self.logprobs) / len(self.logprobs) if self.logprobs else 0.0
 
 
-class _Completion:
+class Completion(InFlight):
     """One /v1/completions request in flight."""
 
-    def __init__(self, gw: Gateway, req: CompletionRequest, tenant: str, sid: str | None, done: bool,
-                 deadline: float | None, t0: float):
-        self.gw, self.req, self.tenant, self.sid, self.done = gw, req, tenant, sid, done
-        self.deadline, self.t0 = deadline, t0
-        self.rid = f"cmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.model = req.model or gw.cfg.serve.served_model_name
-        self.start_version = gw.engine.policy_version
+    OBJECT = CHUNK_OBJECT = "text_completion"
+
+    def __init__(self, gw: Gateway, req: CompletionRequest, *, tenant: str, sid: str | None, done: bool,
+                 t0: float, deadline: float | None, lease: Lease | None):
+        super().__init__(gw, f"cmpl-{uuid.uuid4().hex}", req.model, tenant=tenant, t0=t0, deadline=deadline,
+                         lease=lease, include_usage=req.include_usage)
+        self.req, self.sid, self.done = req, sid, done
         max_len = gw.cfg.model.max_model_len
         self.max_tokens = [min(req.max_tokens, max_len - len(p)) for p in req.prompts]
-        self.gens = [_Gen(i, j, Detokenizer(gw.tok), TextStream(req.stop, False),
-                          offset=0 if req.echo else len(req.texts[i]))
-                     for i in range(len(req.prompts)) for j in range(req.best_of)]
+        self.samples: list[CompletionChoice] = [
+            CompletionChoice(prompt=i, j=j, detok=Detokenizer(gw.tok), text=TextStream(req.stop, False),
+                             offset=0 if req.echo else len(req.texts[i]))
+            for i in range(len(req.prompts)) for j in range(req.best_of)]
         if req.best_of == req.n:
-            for g in self.gens:
+            for g in self.samples:
                 g.index = g.prompt * req.n + g.j
         self.echo_lps: list[list[tuple[float, list[tuple[int, float]]]]] = [[] for _ in req.prompts]
-        self.slots: list[Any] = []
-        self.lease: Any = None
+        self.slots: list[TurnSlot | None] = []
 
     # -- generation ------------------------------------------------------------
-    def params(self, g: _Gen) -> SamplingParams:
+    def params(self, g: CompletionChoice) -> SamplingParams:
         r = self.req
         return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=self.max_tokens[g.prompt],
                               seed=None if r.seed is None else choice_seed(r.seed, g.j),
                               top_logprobs=r.logprobs or 0, **r.knobs)
 
-    def on_event(self, g: _Gen, ev: TokenEvent) -> str:
-        delta = ""
-        if ev.token_id is not None:
-            g.ids.append(ev.token_id)
-            g.logprobs.append(ev.logprob)
-            g.tops.append(ev.top_logprobs)
-            g.versions.append(ev.policy_version)
-            delta = g.detok.push(ev.token_id)
-        if ev.version_spans:
-            for start, end, v in ev.version_spans:
-                for k in range(max(0, start), min(end, len(g.versions))):
-                    g.versions[k] = v
-        if ev.finish_reason is not None:
-            g.finish_reason = ev.finish_reason
-            delta += g.detok.flush()
-        out = g.text.feed(delta, final=ev.finish_reason is not None)
-        if g.text.stopped:
-            g.finish_reason = "stop"
-        return out
-
-    async def run(self, g: _Gen, on_delta: Callable[[_Gen, str, int], Any] | None = None) -> None:
+    async def run(self, g: CompletionChoice, on_delta: OnDelta | None = None) -> None:
         if self.max_tokens[g.prompt] <= 0:  # echo with max_tokens 0: scoring only
             g.finish_reason = "length"
             return
-        before = 0
-        agen = self.gw.engine.generate(GenerationRequest(self.req.prompts[g.prompt], self.params(g), self.rid,
-                                                         session_id=self.sid or self.req.prompt_cache_key))
-        try:
-            async for ev in agen:
-                delta = self.on_event(g, ev)
-                if on_delta is not None and (delta or len(g.ids) > before):
-                    await on_delta(g, delta, before)
-                    before = len(g.ids)
-                if g.text.stopped:
-                    break
-        finally:
-            await agen.aclose()
+        await generate(self.gw.engine, GenerationRequest(self.req.prompts[g.prompt], self.params(g), self.rid,
+                                                         session_id=self.sid or self.req.prompt_cache_key),
+                       g, on_delta)
         if g.finish_reason is None:
             g.finish_reason = "stop"
+
+    async def generate(self) -> None:
+        await self.score_prompts()
+        await asyncio.gather(*(self.run(g) for g in self.samples))
 
     async def score_prompts(self) -> None:
         """Prompt logprobs for `echo` + `logprobs`, from the engine's model (one forward per prompt)."""
@@ -365,16 +327,13 @@ class _Completion:
         if self.req.best_of == self.req.n:
             return
         for i in range(len(self.req.prompts)):
-            mine = [g for g in self.gens if g.prompt == i]
+            mine = [g for g in self.samples if g.prompt == i]
             best = sorted(mine, key=lambda g: (-g.mean_logprob(), g.j))[:self.req.n]
             for rank, g in enumerate(sorted(best, key=lambda g: g.j)):
                 g.index = i * self.req.n + rank
 
     # -- shapes ----------------------------------------------------------------
-    def _is_final_eos(self, g: _Gen, k: int) -> bool:
-        return g.ids[k] in self.gw._eos and k == len(g.ids) - 1 and g.finish_reason is not None
-
-    def logprobs_block(self, g: _Gen, start: int, end: int, *, echo: bool) -> dict[str, Any] | None:
+    def logprobs_block(self, g: CompletionChoice, start: int, end: int, *, echo: bool) -> dict[str, Any] | None:
         """Legacy logprobs for sampled tokens [start, end), preceded by the prompt's when `echo`."""
         if self.req.logprobs is None:
             return None
@@ -404,23 +363,18 @@ class _Completion:
                 lp, top = lps[pos - 1] if pos else (None, None)
                 add(tid, lp, top)
         for pos in range(start, end):
-            if not self._is_final_eos(g, pos):
+            if not g.is_final_eos(pos, self.gw.eos):
                 add(g.ids[pos], g.logprobs[pos], g.tops[pos])
         return block
 
     def usage(self) -> dict[str, int]:
         prompt = sum(len(p) for p in self.req.prompts)
-        completion = sum(len(g.ids) for g in self.gens)
+        completion = self.completion_tokens()
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def version(self) -> int:
-        vs = [g.versions[0] for g in self.gens if g.versions]
+    def usage_version(self) -> int:
+        vs = [g.versions[0] for g in self.samples if g.versions]
         return min(vs) if vs else self.start_version
-
-    def _chunk(self, choices: list[dict[str, Any]], version: int, **extra: Any) -> str:
-        body = {"id": self.rid, "object": "text_completion", "created": self.created, "model": self.model,
-                "system_fingerprint": f"clawloop-v{version}", "choices": choices, **extra}
-        return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
     # -- capture ---------------------------------------------------------------
     def begin_capture(self) -> None:
@@ -438,54 +392,35 @@ class _Completion:
             if slot is None:
                 continue
             turns = []
-            for g in self.gens:
+            for g in self.samples:
                 if g.prompt != i or (aborted and not g.ids):
                     continue
-                first = g.versions[0] if g.versions else self.start_version
-                mixed = any(v != first for v in g.versions)
+                policy_version, response_versions = g.turn_versions(g.versions[0] if g.versions
+                                                                    else self.start_version)
                 turns.append(Turn(
                     session_id=slot.session_id, index=slot.index, type=TURN_SIDE,
                     messages=[{"role": "user", "content": self.req.texts[i]}], prompt_ids=list(self.req.prompts[i]),
                     response_ids=list(g.ids), response_logprobs=list(g.logprobs), response_text=g.text.text,
                     finish_reason="abort" if aborted else (g.finish_reason or "stop"),
-                    policy_version=min(g.versions) if mixed else first,
-                    response_versions=list(g.versions) if mixed else None, trainable=False, tenant=self.tenant,
+                    policy_version=policy_version, response_versions=response_versions, trainable=False,
+                    tenant=self.tenant,
                     sampling={"temperature": self.req.temperature, "top_p": self.req.top_p,
                               "seed": self.params(g).seed, "logprobs": "raw", "endpoint": "completions"},
                     request_id=self.rid, choice_index=g.j))
             self.gw.capture.finish(slot, turns)
         self.slots = []
 
-    def close(self) -> None:
-        """Free the generation slots and any capture slot still open (idempotent)."""
-        if self.lease is not None:
-            self.lease.release()
+    def abandon(self) -> None:
         for slot in self.slots:
             if slot is not None:
                 self.gw.capture.abandon(slot)
         self.slots = []
 
     # -- bodies ----------------------------------------------------------------
-    async def complete(self) -> Response:
-        gw = self.gw
-        gw.inflight += 1
-        try:
-            async with asyncio.timeout_at(self.deadline):
-                await self.score_prompts()
-                await asyncio.gather(*(self.run(g) for g in self.gens))
-            self.capture()
-        except EngineUnavailable as e:
-            raise unavailable_error(e) from e
-        except TimeoutError:
-            gw.timeouts += 1
-            self.capture(aborted=True)
-            raise timeout_error(gw.cfg.serve.request_timeout_s) from None
-        finally:
-            gw.inflight -= 1
-            self.close()
+    def reply(self) -> Response:
         self.pick_best()
         choices = []
-        for g in sorted((g for g in self.gens if g.index >= 0), key=lambda g: g.index):
+        for g in sorted((g for g in self.samples if g.index >= 0), key=lambda g: g.index):
             echo = self.req.texts[g.prompt] if self.req.echo else ""
             ch = {"text": echo + g.text.text, "index": g.index,
                   "logprobs": self.logprobs_block(g, 0, len(g.ids), echo=self.req.echo),
@@ -493,95 +428,34 @@ class _Completion:
             if self.req.return_token_ids:
                 ch.update(prompt_token_ids=self.req.prompts[g.prompt], token_ids=g.ids, token_logprobs=g.logprobs)
             choices.append(ch)
-        version = self.version()
-        usage = self.usage()
-        gw.metrics.observe_request(200, time.perf_counter() - self.t0, usage["completion_tokens"], self.tenant)
-        return JSONResponse({"id": self.rid, "object": "text_completion", "created": self.created,
-                             "model": self.model, "choices": choices, "usage": usage,
-                             "system_fingerprint": f"clawloop-v{version}"},
-                            headers={"X-Policy-Version": str(version)})
+        return self.answer(choices, self.usage_version())
 
-    async def stream(self) -> AsyncIterator[str]:
-        gw = self.gw
-        gw.inflight += 1
-        status = 200
-        q: asyncio.Queue = asyncio.Queue()
-        tasks: list[asyncio.Task] = []
-        timer = (asyncio.get_running_loop().call_at(self.deadline, q.put_nowait, _TIMED_OUT)
-                 if self.deadline is not None else None)
-        try:
-            async def on_delta(g: _Gen, delta: str, start: int) -> None:
-                version = g.versions[-1] if g.versions else self.start_version
-                ch = {"text": delta, "index": g.index, "finish_reason": None,
-                      "logprobs": self.logprobs_block(g, start, len(g.ids), echo=False)}
-                if self.req.return_token_ids:
-                    ch.update(token_ids=g.ids[start:], token_logprobs=g.logprobs[start:])
-                await q.put(self._chunk([ch], version))
+    async def start(self, q: asyncio.Queue) -> AsyncIterator[str]:
+        async def on_delta(g: CompletionChoice, delta: str, start: int) -> None:
+            version = g.versions[-1] if g.versions else self.start_version
+            ch = {"text": delta, "index": g.index, "finish_reason": None,
+                  "logprobs": self.logprobs_block(g, start, len(g.ids), echo=False)}
+            if self.req.return_token_ids:
+                ch.update(token_ids=g.ids[start:], token_logprobs=g.logprobs[start:])
+            await q.put(self.chunk([ch], version))
 
-            async def run(g: _Gen) -> None:
-                try:
-                    await self.run(g, on_delta)
-                    await q.put(None)
-                except BaseException as e:
-                    await q.put(e)
-                    raise
+        await self.score_prompts()
+        if self.req.echo:  # the prompt goes first, as its own chunk per choice
+            for g in self.samples:
+                yield self.chunk([{"text": self.req.texts[g.prompt], "index": g.index, "finish_reason": None,
+                                   "logprobs": self.logprobs_block(g, 0, 0, echo=True)}], self.start_version)
+        self.spawn(q, lambda g: self.run(g, on_delta))
 
-            await self.score_prompts()
-            if self.req.echo:  # the prompt goes first, as its own chunk per choice
-                for g in self.gens:
-                    yield self._chunk([{"text": self.req.texts[g.prompt], "index": g.index, "finish_reason": None,
-                                        "logprobs": self.logprobs_block(g, 0, 0, echo=True)}], self.start_version)
-            tasks = [asyncio.create_task(run(g)) for g in self.gens]
-            async for text in drain(q, len(tasks)):
-                yield text
-            self.capture()
-            for g in self.gens:
-                yield self._chunk([{"text": "", "index": g.index, "logprobs": None,
-                                    "finish_reason": g.finish_reason}], g.versions[-1] if g.versions
-                                  else self.start_version)
-            if self.req.include_usage:
-                yield self._chunk([], self.version(), usage=self.usage())
-            yield "data: [DONE]\n\n"
-        except (asyncio.CancelledError, GeneratorExit):
-            status = 499
-            self.capture(aborted=True)
-            raise
-        except Exception as e:
-            if isinstance(e, EngineUnavailable):
-                status, err = 503, unavailable_error(e)
-            elif isinstance(e, TimeoutError):
-                gw.timeouts += 1
-                status, err = 504, timeout_error(gw.cfg.serve.request_timeout_s)
-            else:
-                status, err = 500, APIError(500, f"Generation failed (request id {self.rid}); the server log "
-                                                 "has the details.", code="internal_error")
-                log.exception("completion stream %s failed", self.rid)
-            for t in tasks:
-                t.cancel()
-            self.capture(aborted=True)
-            yield f"data: {json.dumps(err.body())}\n\n"
-        finally:
-            if timer is not None:
-                timer.cancel()
-            for t in tasks:
-                if not t.done():
-                    t.cancel()
-                elif not t.cancelled():
-                    t.exception()
-            gw.inflight -= 1
-            self.close()
-            gw.metrics.observe_request(status, time.perf_counter() - self.t0, sum(len(g.ids) for g in self.gens),
-                                       self.tenant)
+    def finish_chunk(self, g: CompletionChoice) -> str:
+        return self.chunk([{"text": "", "index": g.index, "logprobs": None, "finish_reason": g.finish_reason}],
+                          g.versions[-1] if g.versions else self.start_version)
 
 
 async def serve_completions(gw: Gateway, request: Request) -> Response:
     """POST /v1/completions."""
     t0 = time.perf_counter()
-    gw.requests += 1
-    tenant = gw.check_auth(request)
-    body = parse_json_body(await gw.read_body(request))
-    timeout = gw.cfg.serve.request_timeout_s
-    deadline = asyncio.get_running_loop().time() + timeout if timeout > 0 else None
+    tenant, body = await gw.accept(request)
+    deadline = gw.deadline()
     max_len = gw.cfg.model.max_model_len
     req = parse_completion_request(body, gw.tok, len(gw.tok), max_len, gw.renderer.min_tokens)
     longest = max_len if req.max_tokens == 0 else max_len - 1  # room for one sampled token
@@ -593,17 +467,9 @@ async def serve_completions(gw: Gateway, request: Request) -> Response:
     if req.echo and req.logprobs is not None and not can_score_prompts(gw.engine):
         raise bad_value("'echo' with 'logprobs' needs prompt logprobs, which this server's engine does not provide; "
                    "drop one of them.", "echo", code="unsupported_parameter")
-    sid, _, done = gw.session_of(request, req, tenant)  # type: ignore[arg-type]  # duck-typed: session fields
-    if not getattr(gw.engine, "available", True):
-        raise unavailable_error(EngineUnavailable("no inference engine replica is available; retry shortly"))
-    gw.check_store()
-    try:
-        lease = await gw.slots.acquire(len(req.prompts) * req.best_of, deadline)
-    except TimeoutError:
-        gw.timeouts += 1
-        raise timeout_error(timeout) from None
-    c = _Completion(gw, req, tenant, sid, done, deadline, t0)
-    c.lease = lease
+    sid, _, done = gw.session_of(request, req, tenant)
+    lease = await gw.admit(len(req.prompts) * req.best_of, deadline)
+    c = Completion(gw, req, tenant=tenant, sid=sid, done=done, t0=t0, deadline=deadline, lease=lease)
     try:
         c.begin_capture()
     except BaseException:

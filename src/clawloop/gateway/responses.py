@@ -1,9 +1,9 @@
 """The Responses API (`POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}`) on top of chat completions.
 
     api = ResponsesAPI(gw)            # create_app does this
-    await api.create(request)         # translate → gw.run_chat → translate back
+    await api.create(request)         # translate → chat.run_chat → translate back
 
-A Responses request is translated into a chat-completions body and served by `Gateway.run_chat`,
+A Responses request is translated into a chat-completions body and served by `chat.run_chat`,
 so rendering, constrained decoding, limits and capture are exactly the chat path's. Input items
 become chat messages: `message` items (text parts only), `function_call` items (an assistant
 message's tool calls; consecutive ones and the assistant text before them merge into one message,
@@ -46,9 +46,10 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from clawloop.gateway.app import Gateway
-from clawloop.gateway.protocol import APIError, bad_value, parse_json_body
+from clawloop.gateway.chat import run_chat
+from clawloop.gateway.protocol import APIError, bad_value
 from clawloop.gateway.responses_store import ResponseRecord, ResponseStore
+from clawloop.gateway.serving import Gateway
 
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -204,7 +205,7 @@ def _response_format(text: Any) -> dict[str, Any] | None:
 
 @dataclass
 class _SessionFields:
-    """What `Gateway.session_of` reads off a request body."""
+    """What `Gateway.session_of` reads off a request body (a `serving.SessionFields`)."""
 
     session_id: str | None = None
     turn_type: str | None = None
@@ -372,9 +373,9 @@ class ResponsesAPI:
         self.gw = gw
         self.store = ResponseStore(Path(gw.cfg.data_dir) / "responses.sqlite")
 
-    def _object(self, rid: str, req: ResponsesRequest, created: float, status: str, output: list[dict[str, Any]],
-                usage: dict[str, Any] | None, incomplete: dict[str, str] | None = None,
-                error: dict[str, Any] | None = None) -> dict[str, Any]:
+    def response_object(self, rid: str, req: ResponsesRequest, created: float, status: str,
+                        output: list[dict[str, Any]], usage: dict[str, Any] | None,
+                        incomplete: dict[str, str] | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
         echo = dict(req.echo)
         echo["model"] = echo["model"] or self.gw.cfg.serve.served_model_name
         return {"id": rid, "object": "response", "created_at": created, "status": status, "error": error,
@@ -389,10 +390,9 @@ class ResponsesAPI:
 
     async def create(self, request: Request) -> Response:
         gw = self.gw
-        gw.requests += 1
-        tenant = gw.check_auth(request)
-        req = parse_responses_request(parse_json_body(await gw.read_body(request)))
-        sid, turn_type, done = gw.session_of(request, req.session, tenant)  # type: ignore[arg-type]
+        tenant, body = await gw.accept(request)
+        req = parse_responses_request(body)
+        sid, turn_type, done = gw.session_of(request, req.session, tenant)
         history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             found = await self.store.conversation(req.previous_response_id, tenant)
@@ -406,8 +406,8 @@ class ResponsesAPI:
             + req.input_messages
         created = time.time()
         try:
-            resp = await gw.run_chat(request, {**req.chat, "messages": messages}, tenant,
-                                     session=(sid, turn_type, done), rid_prefix="resp")
+            resp = await run_chat(gw, request, {**req.chat, "messages": messages}, tenant,
+                                  session=(sid, turn_type, done), rid_prefix="resp")
         except APIError as e:
             e.param = _chat_param(e.param)
             raise
@@ -424,7 +424,8 @@ class ResponsesAPI:
             output.append(_message_item(msg.get("content") or "", status,
                                         _logprobs(choice.get("logprobs")) if req.logprobs else []))
         output += [_call_item(c) for c in msg.get("tool_calls") or []]
-        obj = self._object(body["id"], req, created, status, output, _usage(body.get("usage")), incomplete)
+        obj = self.response_object(body["id"], req, created, status, output, _usage(body.get("usage")),
+                                   incomplete)
         await self._save(body["id"], req, sid, tenant, _assistant(msg.get("content"), msg.get("tool_calls")), obj)
         return JSONResponse(obj, headers={"X-Policy-Version": resp.headers.get("x-policy-version", "")})
 
@@ -500,7 +501,7 @@ class _StreamTranslator:
 
     def _start(self, rid: str) -> list[str]:
         self.rid = rid
-        obj = self.api._object(rid, self.req, self.created, "in_progress", [], None)
+        obj = self.api.response_object(rid, self.req, self.created, "in_progress", [], None)
         return [self._event("response.created", response=obj), self._event("response.in_progress", response=obj)]
 
     def feed(self, raw: str) -> list[str]:
@@ -597,8 +598,8 @@ class _StreamTranslator:
         out = [] if self.rid is not None else self._start(rid)
         out.append(self._event("error", code=error.get("code"), message=error.get("message", ""),
                                param=error.get("param")))
-        obj = self.api._object(rid, self.req, self.created, "failed", self.output, _usage(self.usage),
-                               error={"code": "server_error", "message": error.get("message", "")})
+        obj = self.api.response_object(rid, self.req, self.created, "failed", self.output, _usage(self.usage),
+                                       error={"code": "server_error", "message": error.get("message", "")})
         out.append(self._event("response.failed", response=obj))
         return out
 
@@ -616,8 +617,8 @@ class _StreamTranslator:
         if not self.output:
             self._pending += self._open_message() + self._close()
         status, incomplete = _status(self.finish_reason)
-        return self.api._object(self.rid or f"resp-{_hex()}", self.req, self.created, status, self.output,
-                                _usage(self.usage), incomplete)
+        return self.api.response_object(self.rid or f"resp-{_hex()}", self.req, self.created, status, self.output,
+                                        _usage(self.usage), incomplete)
 
     def finish(self, obj: dict[str, Any]) -> list[str]:
         kind = "response.completed" if obj["status"] == "completed" else "response.incomplete"
