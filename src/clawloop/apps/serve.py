@@ -29,6 +29,7 @@ from clawloop.apps.services import Parts, TrainerService
 from clawloop.apps.train import build_loop, build_ray_loop
 from clawloop.config import Config, write_resolved
 from clawloop.engines import make_engine
+from clawloop.engines.base import HasActors, Relabels
 from clawloop.gateway import check_bind, create_app
 from clawloop.naming import model_path, open_store
 from clawloop.store import Store
@@ -92,7 +93,7 @@ def trainer_service(cfg: Config, engine: Any, store: Store, parts: Parts) -> Tra
     if parts.ray is not None and cfg.ray.trainer_workers > 0:
         def build_ray(aloop: Any) -> Any:
             tl = build_ray_loop(cfg, engine, store, loop=aloop)
-            if hasattr(engine, "actor_sources"):
+            if isinstance(engine, HasActors):
                 engine.actor_sources.append(tl.group.health)
             return tl
 
@@ -106,7 +107,7 @@ def continue_versions(cfg: Config, engine: Any, store: Store) -> None:
     newest version stored, so a version number names one set of weights per store; a resume
     publishes the checkpoint's own version instead."""
     top = store.max_policy_version()
-    if top is None or cfg.train.resume_from_checkpoint or not hasattr(engine, "relabel"):
+    if top is None or cfg.train.resume_from_checkpoint or not isinstance(engine, Relabels):
         return
     if engine.policy_version <= top:
         engine.relabel(top + 1)

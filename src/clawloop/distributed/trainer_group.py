@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from clawloop.engines.base import AcceptsLora, ReadsObjectStore
 from clawloop.losses import step_denominator
 from clawloop.records import Sample
 from clawloop.trainer.core import TeacherSignal, Trainer, split_even
@@ -623,7 +624,7 @@ class RayTrainerLoop(TrainerLoop):
             record.update(source=str(path), checkpoint_version=int(state["policy_version"]), cursor=self.cursor)
             log.warning("trainer group resumed from %s (v%d, cursor %d)", path, state["policy_version"], self.cursor)
         else:
-            ref = getattr(self.engine, "weights_ref", None)
+            ref = self.engine.weights_ref if isinstance(self.engine, ReadsObjectStore) else None
             if ref is not None and not self.group.use_lora and not isinstance(ref, str):
                 self.group.load_weights(ref)
                 record["source"] = "served weights"
@@ -641,10 +642,10 @@ class RayTrainerLoop(TrainerLoop):
         self.recoveries.append(record)
 
     def publish_payload(self) -> Any:
-        if hasattr(self.engine, "weights_ref"):  # engine actors: they read the object store themselves
+        if isinstance(self.engine, ReadsObjectStore):  # engine actors: they read the object store themselves
             return self.group.served_weights_ref()
         # the vLLM engine writes the weights to DATA_DIR/weights/vN for its servers
-        return self.group.publish_payload(getattr(self.engine, "accepts_lora_adapters", False))
+        return self.group.publish_payload(isinstance(self.engine, AcceptsLora) and self.engine.accepts_lora_adapters)
 
     def checkpoint(self) -> Path:
         p = self.group.save(self.save_dir, self.cursor, {"newest_version": self.newest_version},

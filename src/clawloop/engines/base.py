@@ -123,6 +123,67 @@ class Engine(Protocol):
     def stats(self) -> dict[str, float]: ...
 
 
+# -- optional capabilities ------------------------------------------------------------------------
+# What only some engines can do, each a Protocol, so a caller asks `isinstance(engine, Relabels)`
+# by name instead of probing attributes, and a new engine knows what it may offer.
+
+
+@runtime_checkable
+class Relabels(Protocol):
+    """Can rename the served weights' version without a publish (a fresh start on a store whose turns
+    already go past the base weights' number: `apps.serve.continue_versions`)."""
+
+    def relabel(self, version: int) -> None: ...
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    """Several replicas or actors: `health()` is /health's body part (each one's state, restarts)."""
+
+    def health(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class HasActors(Protocol):
+    """A router over Ray actors: /health lists `actor_sources`' actors beside its own, and the cluster's
+    state from `cluster_info`."""
+
+    actor_sources: list[Any]
+    cluster_info: Any
+
+
+@runtime_checkable
+class AcceptsLora(Protocol):
+    """`accepts_lora_adapters` True: `publish` takes a `LoraAdapter` as is (vLLM hot-loads it); else the
+    trainer sends merged full weights."""
+
+    accepts_lora_adapters: bool
+
+
+@runtime_checkable
+class HoldsWeights(Protocol):
+    """The weights live in this process: `state_dict()` is what is served now (the publish gate's
+    rollback point, without a copy from disk)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class ReadsObjectStore(Protocol):
+    """Engine actors that fetch published weights from Ray's object store themselves (`weights_ref`)."""
+
+    weights_ref: Any
+
+
+@runtime_checkable
+class TakesImages(Protocol):
+    """A vision-language model served: see `prepare_images` below."""
+
+    supports_images: bool
+
+    def prepare_images(self, prompt_ids: list[int], images: list[Any]) -> tuple[list[int], Any]: ...
+
+
 # Engines that take images (the in-process HF engine serving a vision-language model) also have:
 #
 #     supports_images: bool

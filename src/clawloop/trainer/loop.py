@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from clawloop.engines.base import AcceptsLora, HoldsWeights
 from clawloop.records import Sample
 from clawloop.trainer.checkpoint import (
     load_checkpoint,
@@ -158,7 +159,7 @@ class TrainerLoop:
         self._publish()
         served = self.engine.policy_version
         ok = served == self.trainer.version
-        if hasattr(self.engine, "state_dict"):
+        if isinstance(self.engine, HoldsWeights):
             ok = ok and abs(weights_fingerprint(self.engine.state_dict())
                             - weights_fingerprint(self.trainer.served_state_dict())) < 1e-3
         if not ok:
@@ -297,7 +298,7 @@ class TrainerLoop:
     def publish_payload(self) -> Any:
         """What `engine.publish` gets: the LoRA adapter when the engine takes adapters, else the
         merged full weights."""
-        if self.trainer.use_lora and getattr(self.engine, "accepts_lora_adapters", False):
+        if self.trainer.use_lora and isinstance(self.engine, AcceptsLora) and self.engine.accepts_lora_adapters:
             return self.trainer.lora_adapter()
         return self.trainer.served_state_dict()
 
