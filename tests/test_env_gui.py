@@ -53,7 +53,7 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.skipif(bool(WHY["playwright"]) and "miniwob" in WHY["playwright"], reason="miniwob is not installed")
 def test_tasks_solvers_and_options():
-    from clawloop.envs.gui_solvers import SOLVERS
+    from clawloop.envs.gui.solvers import SOLVERS
 
     track = get_track("gui")
     ids = [t.task_id for t in track.load_tasks(EnvOptions())]
@@ -82,9 +82,9 @@ def test_element_lines_and_keys():
     ]).splitlines()
     assert lines == ['[3] button "Submit"', '[5] input text "Username" value=""', '  [7] checkbox "ksa" checked=false',
                      '[9] select value="Spain" focused', '  [10] option "Spain" selected']
-    assert gui._keys_of("ctrl+a") == ["Control", "a"] and gui._keys_of("Return") == ["Enter"]
-    with pytest.raises(gui._ActionError, match="unknown key"):
-        gui._keys_of("Hyper+q")
+    assert gui.actions.keys_of("ctrl+a") == ["Control", "a"] and gui.actions.keys_of("Return") == ["Enter"]
+    with pytest.raises(gui.ActionError, match="unknown key"):
+        gui.actions.keys_of("Hyper+q")
 
 
 # ---- through the real browser -----------------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def test_no_chromium_survives_close(backend):
     for e in envs:
         e.reset()
     groups = gui.started_process_groups()
-    pids = [p for g in groups for p in gui._group_pids(g)]
+    pids = [p for g in groups for p in gui.chromium.group_pids(g)]
     stats = gui.browser_stats()
     assert groups and pids and all(s["rss_mb"] > 0 for s in stats)
     for e in envs:

@@ -16,15 +16,17 @@ from pathlib import Path
 import pytest
 
 from clawloop.envs import sandbox as sb
-from clawloop.envs import swe_tasks
 from clawloop.envs.base import NOOP_MESSAGE, EnvOptions, get_track
 from clawloop.envs.check import check_task, play
+from clawloop.envs.swe import repos as swe_repos
+from clawloop.envs.swe import suite as swe_suite
+from clawloop.envs.swe import tasks as swe_tasks
 
 if sb.probe("bwrap") and sb.probe("unshare"):
     pytest.skip(f"no sandbox on this machine: {sb.probe('bwrap')}; {sb.probe('unshare')}", allow_module_level=True)
 
 TRACK = get_track("swe")
-REPOS = sorted(p for p in swe_tasks.REPOS_DIR.iterdir() if p.is_dir())
+REPOS = sorted(p for p in swe_repos.REPOS_DIR.iterdir() if p.is_dir())
 KEYS = ("instance_id", "repo", "base_commit", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS", "patch",
         "bug_patch", "created_at", "version")
 
@@ -50,14 +52,14 @@ def run_tests(repo: Path, ids: list[str]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def shipped():
-    return [json.loads(line) for line in swe_tasks.INSTANCES_FILE.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in swe_repos.INSTANCES_FILE.read_text().splitlines() if line.strip()]
 
 
 def test_pristine_repos_pass_their_suites():
     assert 4 <= len(REPOS) <= 6
     for repo in REPOS:
         assert (repo / "README.md").is_file()
-        results = swe_tasks.run_suite(repo)
+        results = swe_suite.run_suite(repo)
         assert results is not None, repo.name
         assert 15 <= len(results["tests"]) <= 40, (repo.name, len(results["tests"]))
         assert all(r == "passed" for r in results["tests"].values()), (repo.name, results["tests"])
@@ -66,7 +68,7 @@ def test_pristine_repos_pass_their_suites():
 def test_make_tasks_small_run_is_valid_and_deterministic(tmp_path):
     repos = tmp_path / "repos"
     for name in ("textkit", "lrukit"):
-        shutil.copytree(swe_tasks.REPOS_DIR / name, repos / name)
+        shutil.copytree(swe_repos.REPOS_DIR / name, repos / name)
     out = tmp_path / "instances.jsonl"
     assert swe_tasks.main(["--repos", str(repos), "--out", str(out), "--max-per-repo", "2", "--seed", "3",
                            "--quiet"]) == 0
@@ -80,11 +82,11 @@ def test_make_tasks_small_run_is_valid_and_deterministic(tmp_path):
         assert f2p and not set(f2p) & set(p2p)
         name = inst["repo"].split("/")[1]
         base = tmp_path / "base" / inst["instance_id"]
-        assert swe_tasks.build_base(repos / name, base, inst["bug_patch"]) == inst["base_commit"]
+        assert swe_repos.build_base(repos / name, base, inst["bug_patch"]) == inst["base_commit"]
         with_bug = run_tests(base, f2p + p2p)
         assert all(with_bug[t] == "failed" for t in f2p), inst["instance_id"]
         assert all(with_bug[t] == "passed" for t in p2p), inst["instance_id"]
-        swe_tasks.git(base, "apply", "-", stdin=inst["patch"])
+        swe_repos.git(base, "apply", "-", stdin=inst["patch"])
         fixed = run_tests(base, f2p + p2p)
         assert all(fixed[t] == "passed" for t in f2p + p2p), inst["instance_id"]
         for line in inst["bug_patch"].splitlines():  # the report shows the symptom, not the edit
@@ -215,7 +217,7 @@ def make_user_repo(root: Path) -> tuple[str, str, str]:
     (repo / "tests" / "test_widget.py").write_text(
         "from widget import double, half\n\n\ndef test_double():\n    assert double(3) == 6\n\n\n"
         "def test_half():\n    assert half(3) == 1.5\n")
-    env = swe_tasks.git_env()
+    env = swe_repos.git_env()
     def g(*a):
         return subprocess.run(["git", *a], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
     g("init", "-q", "-b", "main")

@@ -282,7 +282,7 @@ def cmd_swe(argv: list[str]) -> int:
         print("usage: clawloop swe make-tasks [--repos DIR] [--out FILE] [--max-per-repo N] [--seed S]",
               file=sys.stderr)
         return 2
-    from clawloop.envs.swe_tasks import main as make_tasks
+    from clawloop.envs.swe.tasks import main as make_tasks
 
     return make_tasks(argv[1:]) or 0
 

@@ -54,7 +54,7 @@ from typing import Any
 from clawloop.envs.base import NOOP_MESSAGE, EnvOptions, tool_calls_of
 from clawloop.envs.pool import PoolError, connect_pool
 from clawloop.envs.prm import StepPRM
-from clawloop.generators.math_generator import MathRollout
+from clawloop.generation.client import GatewayClient
 
 ENV_OPTION_KEYS = ("max_steps", "sandbox", "allow_unsandboxed", "command_timeout_s", "memory_mb", "disk_mb",
                    "task_dir", "tools_config", "work_dir", "keep_workspaces", "screenshot_backend", "gui_observation")
@@ -80,13 +80,12 @@ def env_options(data: dict[str, Any]) -> EnvOptions:
     return EnvOptions(**d)
 
 
-class AgentRollout(MathRollout):
-    """One run of an agent generator. Reuses the math generator's HTTP client, retries and counters."""
+class AgentRollout(GatewayClient):
+    """One run of an agent generator, on the generators' HTTP client (retries, counters, policy versions)."""
 
     def __init__(self, track: str, data: dict[str, Any]):
-        super().__init__(data)
+        super().__init__(data, task_type=track)
         self.track = track
-        self.task_type = str(data.get("task_type") or track)
         self.opts = env_options(data)
         # slime's num_process when the payload gives it, else PARALLEL_ENVS
         self.num_process = max(1, int(data["num_process"] if "num_process" in data else data.get("parallel_envs", 4)))

@@ -409,6 +409,19 @@ def use_autocomplete(state: State) -> list[Action]:
     return [type_(_field(state, "tags"), items[0]), {"action": "press", "key": "Escape"}, submit(state)]
 
 
+SOLVED_TASKS: tuple[str, ...] = (
+    "choose-list", "click-button", "click-button-sequence", "click-checkboxes", "click-checkboxes-large",
+    "click-checkboxes-soft", "click-checkboxes-transfer", "click-collapsible", "click-collapsible-2",
+    "click-collapsible-2-nodelay", "click-collapsible-nodelay", "click-dialog", "click-dialog-2", "click-link",
+    "click-option", "click-tab", "click-tab-2", "click-tab-2-easy", "click-tab-2-medium", "click-test",
+    "click-test-2", "click-test-transfer", "click-widget", "enter-date", "enter-password", "enter-text",
+    "enter-text-2", "enter-text-dynamic", "enter-time", "find-word", "focus-text", "focus-text-2",
+    "grid-coordinate", "identify-shape", "login-user", "multi-layouts", "multi-orderings", "navigate-tree",
+    "odd-or-even", "read-table", "read-table-2", "simple-arithmetic", "unicode-test", "use-autocomplete",
+    "use-autocomplete-nodelay",
+)
+"""The MiniWoB++ tasks `load_tasks` lists: each has a solver in `SOLVERS`."""
+
 SOLVERS: dict[str, tuple[Callable[[State], list[Action]], str | None]] = {
     "choose-list": (choose_list, None),
     "click-button": (click_named_button, None),

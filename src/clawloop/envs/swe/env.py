@@ -59,11 +59,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clawloop.envs import swe_tasks
+from clawloop.envs.swe import repos
 from clawloop.envs.base import Env, EnvOptions, Evaluation, Observation, StepResult, Task, Track
 from clawloop.envs.sandbox import Limits, Result, Sandbox
 
-SHIPPED = swe_tasks.INSTANCES_FILE
+SHIPPED = repos.INSTANCES_FILE
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS")
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 MAX_OBSERVATION = 10_000
@@ -237,7 +237,7 @@ def _instance_files(root: Path) -> list[Path]:
 
 def _shipped_repo(inst: dict[str, Any]) -> Path | None:
     owner, _, name = str(inst.get("repo", "")).partition("/")
-    p = swe_tasks.REPOS_DIR / name
+    p = repos.REPOS_DIR / name
     return p if owner == "clawloop" and name and p.is_dir() else None
 
 
@@ -276,7 +276,7 @@ def user_task(inst: dict[str, Any], base_dir: Path, source: str) -> Task:
     repo = _find_repo(inst, base_dir, where)
     if (repo / ".git").exists():
         try:
-            swe_tasks.git(repo, "cat-file", "-e", f"{inst['base_commit']}^{{commit}}")
+            repos.git(repo, "cat-file", "-e", f"{inst['base_commit']}^{{commit}}")
         except RuntimeError as e:
             raise ValueError(f"{where}: base_commit {inst['base_commit']} is not a commit of {repo}") from e
     elif not inst.get("bug_patch"):
@@ -319,12 +319,12 @@ def checkout(data: dict[str, Any], dest: Path) -> None:
         raise ValueError(f"SWE instance {data.get('instance_id')!r}: unknown repo {data.get('repo')!r}")
     if (src / ".git").exists():
         # Only base_commit comes over: commits after it (the fix) must not be in the workspace to read.
-        swe_tasks.git(dest, "init", "-q", "-b", "main")
-        swe_tasks.git(dest, "fetch", "-q", "--no-tags", "--depth=1", "--upload-pack",
+        repos.git(dest, "init", "-q", "-b", "main")
+        repos.git(dest, "fetch", "-q", "--no-tags", "--depth=1", "--upload-pack",
                       "git -c uploadpack.allowAnySHA1InWant=true upload-pack", str(src), base)
-        swe_tasks.git(dest, "checkout", "-q", "-B", "main", base)
+        repos.git(dest, "checkout", "-q", "-B", "main", base)
         return
-    sha = swe_tasks.build_base(src, dest, data["bug_patch"])
+    sha = repos.build_base(src, dest, data["bug_patch"])
     if sha != base:
         raise RuntimeError(f"SWE instance {data.get('instance_id')!r}: rebuilt base commit {sha} is not base_commit "
                            f"{base}: the repo's files changed since the instances were made; run "

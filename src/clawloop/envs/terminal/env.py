@@ -64,7 +64,7 @@ from clawloop.envs.base import (Env, EnvOptions, Evaluation, Observation, StepRe
                                 assistant_tool_call, tool_calls_of, tool_message)
 from clawloop.envs.sandbox import MOUNT_POINT, Limits, Sandbox, descendants
 
-SHIPPED = Path(__file__).resolve().parent.parent / "data" / "terminal_tasks"
+SHIPPED = Path(__file__).resolve().parents[2] / "data" / "terminal_tasks"
 REQUIRED = ("task.yaml", "solution.sh", "run-tests.sh", "tests/test_outputs.py")
 DEFAULT_TEST_TIMEOUT_S = 60.0
 MAX_OBSERVATION = 8000

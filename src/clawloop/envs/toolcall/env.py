@@ -47,8 +47,9 @@ from typing import Any
 from clawloop.envs.base import (Env, EnvOptions, Evaluation, Observation, StepResult, Task, Track,
                                 assistant_tool_call, tool_calls_of, tool_message)
 from clawloop.envs.sandbox import Limits, Sandbox
+from clawloop.generation.answers import extract_answer, read_problems, score_answer
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "math_problems.jsonl"
+DATA = Path(__file__).resolve().parents[2] / "data" / "math_problems.jsonl"
 N_GENERATED = 200
 MAX_OBSERVATION = 4000
 
@@ -120,8 +121,6 @@ print(int(v) if isinstance(v, float) and v.is_integer() else v)
 
 
 def reward_of(final_text: str, label: Any, n_calls: int) -> tuple[float, bool]:
-    from clawloop.generators.math_generator import score_answer
-
     ok = score_answer(final_text, label) == 1.0
     if ok:
         return 1.0, True
@@ -132,8 +131,6 @@ def call_score(argument: str, output: str | None, label: Any, reference: str | N
     """One tool call's score in [0, 1]: 1 when its result (`output`, None for a call that failed) is the
     label and its argument is not the bare label; else the similarity of its argument to the reference
     expression (difflib ratio, whitespace ignored), 0 without a reference."""
-    from clawloop.generators.math_generator import score_answer
-
     arg = "".join(argument.split())
     if output is not None and score_answer(output, label) == 1.0 and not _is_number(arg):
         return 1.0
@@ -246,8 +243,6 @@ class ToolCallTrack(Track):
 
     def load_tasks(self, opts: EnvOptions) -> list[Task]:
         if opts.task_dir:
-            from clawloop.generators.math_generator import read_problems
-
             path = Path(opts.task_dir)
             if path.is_dir():
                 files = sorted(path.glob("*.jsonl"))
@@ -262,8 +257,6 @@ class ToolCallTrack(Track):
                 except (OSError, ValueError, json.JSONDecodeError) as e:
                     raise ValueError(f"--task-dir {f}: {e}") from None
         else:
-            from clawloop.generators.math_generator import read_problems
-
             problems = read_problems(DATA) + generated_problems()
         tasks = []
         for p in problems:
@@ -367,8 +360,6 @@ class ToolCallEnv(Env):
     def evaluate(self) -> Evaluation:
         final = self.final or ""
         reward, ok = reward_of(final, self.task.data.get("label"), self.n_calls)
-        from clawloop.generators.math_generator import extract_answer, score_answer
-
         pred = extract_answer(final)
         scores = self.call_scores
         return Evaluation(reward=reward, success=ok, details={
