@@ -18,7 +18,7 @@ from clawloop.judge import JudgeLoop, JudgeUnavailable, make_judge
 from clawloop.judge.custom import CustomJudge
 from clawloop.plugins import PluginError
 from clawloop.records import Judgement, Sample, Turn
-from clawloop.store import Store
+from clawloop.store import SQLiteStore
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "plugins"
 
@@ -190,7 +190,7 @@ def test_prm_example_with_a_real_classifier_scores_continuously_into_the_store(r
                       env={"PRM_MODEL_PATH": str(random_model_dir)})
     judge = make_judge(cfg)
     assert judge.kind == "factory"
-    store = Store(tmp_path / "clawloop.db")
+    store = SQLiteStore(tmp_path / "clawloop.db")
     try:
         tids = [store.add_turn(Turn(session_id=f"s{i}", index=0, messages=[{"role": "user", "content": f"q{i}"}],
                                     response_text=f"answer {i}", next_state={"role": "user", "content": c},
@@ -220,7 +220,7 @@ def test_prm_example_with_a_real_classifier_scores_continuously_into_the_store(r
 def test_reward_column_is_added_to_a_store_written_before_it(tmp_path):
     """A store file from before `judgements.reward`: opened, it gets the column; old rows read as the score."""
     path = tmp_path / "clawloop.db"
-    s = Store(path)
+    s = SQLiteStore(path)
     tid = s.add_turn(_turn(id=None)).result(10)
     assert s.save_judgement(Judgement(turn_id=tid, score=-1, votes=[-1], judge="old")).result(10)
     s.close()
@@ -228,7 +228,7 @@ def test_reward_column_is_added_to_a_store_written_before_it(tmp_path):
     con.execute("ALTER TABLE judgements DROP COLUMN reward")
     con.commit()
     con.close()
-    s = Store(path)
+    s = SQLiteStore(path)
     try:
         old = s.get_judgement(tid, "old")
         assert (old.score, old.reward, old.value) == (-1, None, -1.0)

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from clawloop.judge import JudgeLoop, JudgeUnavailable
 from clawloop.judge.llm import EngineChatBackend, HTTPChatBackend, LLMJudge, chat_completions_url
 from clawloop.records import Turn
-from clawloop.store import Store
+from clawloop.store import SQLiteStore
 
 
 class Script:
@@ -203,7 +203,7 @@ def _loop_cfg(**kw):
 
 
 def test_loop_retries_through_server_errors_and_hangs(fake_judge, tmp_path):
-    store = Store(tmp_path / "clawloop.db")
+    store = SQLiteStore(tmp_path / "clawloop.db")
     ids = [store.add_turn(Turn(session_id=f"s{i}", index=0, messages=[{"role": "user", "content": "hi"}],
                                response_text="hello", next_state={"role": "user", "content": "no, wrong"}))
            .result(10) for i in range(3)]
@@ -231,7 +231,7 @@ def test_loop_retries_through_server_errors_and_hangs(fake_judge, tmp_path):
 
 
 def test_loop_keeps_turns_pending_while_judge_only_rambles(fake_judge, tmp_path):
-    store = Store(tmp_path / "clawloop.db")
+    store = SQLiteStore(tmp_path / "clawloop.db")
     tid = store.add_turn(Turn(session_id="s", index=0, response_text="x",
                               next_state={"role": "user", "content": "thanks"})).result(10)
     fake_judge.verdicts = ["I am not sure what to say."]
@@ -332,7 +332,7 @@ def test_thinking_judge_cut_at_max_tokens_is_bounded_then_more_tokens_fixes_it(f
     from clawloop.judge import make_judge
 
     fake_judge.verdicts, fake_judge.think_words = ["\\boxed{-1}"], 1000
-    store = Store(tmp_path / "clawloop.db")
+    store = SQLiteStore(tmp_path / "clawloop.db")
     try:
         results = {}
         for limit in ("512", "2048"):

@@ -15,7 +15,7 @@ from clawloop.config import ConfigError, load_config
 from clawloop.apps.judge import judge_service, run_judge
 from clawloop.judge import JudgeLoop, JudgeUnavailable, OfflineJudge, judge_name, make_judge
 from clawloop.records import Judgement, Turn
-from clawloop.store import Store
+from clawloop.store import SQLiteStore, Store
 from conftest import run_cli
 
 
@@ -78,7 +78,7 @@ async def _run_until(loop: JudgeLoop, cond, timeout: float = 15.0) -> None:
 
 @pytest.fixture
 def store(tmp_path):
-    s = Store(tmp_path / "clawloop.db")
+    s = SQLiteStore(tmp_path / "clawloop.db")
     yield s
     s.close()
 
@@ -169,7 +169,7 @@ def test_hanging_judge_times_out_and_is_retried(store):
 
 def test_pending_turns_survive_a_restart(tmp_path):
     path = tmp_path / "clawloop.db"
-    store = Store(path)
+    store = SQLiteStore(path)
     ids = _add_turns(store, 4, content="no, I meant the other file")
 
     async def down(turn, n):
@@ -182,13 +182,13 @@ def test_pending_turns_survive_a_restart(tmp_path):
     asyncio.run(_run_until(loop, lambda: loop.failures >= len(ids)))
     store.close()
 
-    store = Store(path)  # a new process: nothing but the file
+    store = SQLiteStore(path)  # a new process: nothing but the file
     assert store.count_pending_judgement("offline") == len(ids)
     loop = JudgeLoop(store, OfflineJudge(), _cfg().judge)
     asyncio.run(_run_until(loop, lambda: store.count_pending_judgement("offline") == 0))
     store.close()
 
-    store = Store(path)
+    store = SQLiteStore(path)
     for tid in ids:
         j = store.get_judgement(tid, "offline")
         assert j.score == -1 and j.hint and "other file" in j.hint
@@ -298,14 +298,14 @@ def test_run_judge_on_a_data_dir(tmp_path):
     cfg = _cfg(tmp_path / "data")
     with pytest.raises(ConfigError, match="no store"):
         asyncio.run(run_judge(cfg, asyncio.Event()))
-    store = Store(tmp_path / "data" / "clawloop.db")
+    store = SQLiteStore(tmp_path / "data" / "clawloop.db")
     ids = _add_turns(store, 3, content="Traceback (most recent call last):\nValueError: bad")
     store.close()
 
     async def scenario():
         stop = asyncio.Event()
         task = asyncio.create_task(run_judge(cfg, stop))
-        probe = Store(tmp_path / "data" / "clawloop.db")
+        probe = SQLiteStore(tmp_path / "data" / "clawloop.db")
         try:
             while probe.count_pending_judgement("offline"):
                 await asyncio.sleep(0.05)
@@ -315,7 +315,7 @@ def test_run_judge_on_a_data_dir(tmp_path):
             probe.close()
 
     asyncio.run(scenario())
-    store = Store(tmp_path / "data" / "clawloop.db")
+    store = SQLiteStore(tmp_path / "data" / "clawloop.db")
     assert [store.get_judgement(t, "offline").score for t in ids] == [-1, -1, -1]
     store.close()
 

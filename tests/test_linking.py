@@ -21,7 +21,7 @@ import pytest
 from clawloop.engines.base import TokenEvent
 from clawloop.gateway.capture import Capture
 from clawloop.records import Turn
-from clawloop.store import Store
+from clawloop.store import SQLiteStore
 
 Q = [{"role": "user", "content": "What is 12+7?"}]
 
@@ -104,7 +104,7 @@ def _turn(slot, text, **kw):
 def test_rewritten_histories_link_by_begin_order_even_when_finishing_out_of_order(tmp_path):
     """Histories that never match (a client that compacts them): the previous main turn by index
     gets the next state, also when it is still generating (it gets it when stored)."""
-    store = Store(tmp_path / "c.db")
+    store = SQLiteStore(tmp_path / "c.db")
     cap = Capture(store)
     s0 = cap.begin("s", "main", [user("q0")], False)
     cap.finish(s0, [_turn(s0, "a0")])
@@ -203,7 +203,7 @@ def _served_calls(slot, cap, args='{"city": "Paris", "unit": "C"}'):
 
 
 def test_history_match_normalises_tool_calls_and_whitespace(tmp_path):
-    store = Store(tmp_path / "c.db")
+    store = SQLiteStore(tmp_path / "c.db")
     cap = Capture(store)
     q = [user("weather in Paris?")]
     s0 = cap.begin(None, "main", q, False)
@@ -222,7 +222,7 @@ def test_history_match_normalises_tool_calls_and_whitespace(tmp_path):
 
 
 def test_identical_headerless_conversations_most_recent_wins(tmp_path):
-    store = Store(tmp_path / "c.db")
+    store = SQLiteStore(tmp_path / "c.db")
     cap = Capture(store)
     first = cap.begin(None, "main", Q, False)
     cap.finish(first, [_turn(first, "19")])
@@ -301,7 +301,7 @@ def test_client_that_disconnects_at_once_leaves_nothing_running(make_gateway, en
 
 
 def test_release_is_idempotent_and_a_context(tmp_path):
-    store = Store(tmp_path / "c.db")
+    store = SQLiteStore(tmp_path / "c.db")
     cap = Capture(store)
     with cap.begin("s", "main", Q, False) as slot:
         assert cap.sessions["s"].inflight == 1
@@ -340,12 +340,12 @@ def test_session_done_mid_flight_then_reused_loses_no_turn(make_gateway, engine)
 
 def test_session_reused_after_close_and_restart_continues_numbering(tmp_path):
     path = tmp_path / "c.db"
-    store = Store(path)
+    store = SQLiteStore(path)
     cap = Capture(store)
     s0 = cap.begin("x", "main", Q, True)
     cap.finish(s0, [_turn(s0, "19")])
     store.close()
-    store = Store(path)
+    store = SQLiteStore(path)
     cap = Capture(store)
     assert "x" not in cap.sessions
     s1 = cap.begin("x", "main", [user("hello again")], False)

@@ -74,7 +74,7 @@ CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 
 
 def test_store_keeps_versions_and_migrates_an_old_file(tmp_path):
-    from clawloop.store import Store
+    from clawloop.store import SQLiteStore
 
     path = tmp_path / "clawloop.db"
     conn = sqlite3.connect(path)  # a store file as the schema without response_versions wrote it
@@ -88,7 +88,7 @@ def test_store_keeps_versions_and_migrates_an_old_file(tmp_path):
     conn.commit()
     conn.close()
 
-    store = Store(path)
+    store = SQLiteStore(path)
     try:
         cols = [r[1] for r in store._reader().execute("PRAGMA table_info(turns)")]
         assert "response_versions" in cols
@@ -105,7 +105,7 @@ def test_store_keeps_versions_and_migrates_an_old_file(tmp_path):
     finally:
         store.close()
     # opening the migrated file again (a second process, a restart) is a no-op
-    again = Store(path)
+    again = SQLiteStore(path)
     try:
         assert again.get_turn(tid).response_versions == [3, 3, 4, 4, 4]
     finally:

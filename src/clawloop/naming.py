@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import clawloop.store
+from clawloop.store import Store
+
 STORE_FILE = "clawloop.db"
 
 
@@ -31,12 +34,11 @@ def store_path(cfg: Any) -> Path:
     return Path(cfg.data_dir) / STORE_FILE
 
 
-def open_store(cfg: Any) -> Any:
-    """Open (create) the store of `cfg.data_dir`."""
-    from clawloop.store import Store
-
+def open_store(cfg: Any) -> Store:
+    """Open (create) the store of `cfg.data_dir` (through `clawloop.store.open_store`, which picks
+    the implementation)."""
     Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
-    return Store(store_path(cfg))
+    return clawloop.store.open_store(store_path(cfg))
 
 
 def url_judge_name(url: str, model: str) -> str:

@@ -1,0 +1,178 @@
+"""The `Store` protocol: what the gateway, judge, trainer, dashboard and export ask of a store.
+
+Components take a `Store` and never name an implementation, so a second one (PostgreSQL, so that
+several gateways share sessions, linking, cursors and tenants) is written against this page and
+checked by `tests/test_store_protocol.py`. `SQLiteStore` (`store/sqlite.py`) is the embedded default;
+`open_store` (`store/__init__.py`) is the one place that picks an implementation.
+
+The contract every implementation keeps, whatever its engine:
+
+- **Writes never block the caller.** A write returns a `Future` at once; it resolves when the write
+  is durable (committed, or set aside to be re-applied on the next start: never dropped silently).
+  `flush()` waits for every write enqueued before it.
+- **Every write is idempotent**, so a replayed write changes nothing, and a turn is keyed by
+  (session_id, index, choice_index).
+- **Reads see committed writes** from this and other processes (`clawloop judge`/`train` beside
+  `clawloop up`).
+- **A verdict is keyed by (turn, judge name)**, and judgement row ids grow in the order verdicts
+  are stored, so a trainer cursor (the last row id consumed) never skips one.
+- `tenant`: "" for turns served without API keys; None in a filter means every tenant.
+
+The Responses API's stored responses are not here: they live in their own small store beside the
+gateway (`gateway/responses_store.py`), which only that endpoint reads.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Iterator, Protocol, runtime_checkable
+
+from clawloop.records import Judgement, Turn
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Durable turns, sessions, judgements and trainer cursors (see the module docstring)."""
+
+    path: Path
+    """Where the store lives on this machine; capture keeps request images in a folder beside it."""
+
+    # -- turns and sessions: capture's writes ----------------------------------
+    def begin_turn(self, turn: Turn, key: str) -> Future:
+        """Store the pending row of a request that just began (untrainable until `finish_turns`)."""
+        ...
+
+    def finish_turns(self, turns: list[Turn], key: str | None, prompt_stored: bool = False) -> Future:
+        """Store a request's turns, one per choice; choice 0 completes the pending row `key`. Resolves to row ids."""
+        ...
+
+    def add_turn(self, turn: Turn) -> Future:
+        """Store a whole turn at once (import, rollouts); resolves to its row id, None when set aside."""
+        ...
+
+    def abandon_turn(self, session_id: str, index: int, key: str) -> Future:
+        """Drop the pending row of a request that ended without a turn."""
+        ...
+
+    def abort_pending(self) -> int:
+        """Mark every pending row aborted (untrainable); only the serving process calls it, at start."""
+        ...
+
+    def set_next_state(self, session_id: str, index: int, next_state: dict[str, Any],
+                       response_text: str | None = None) -> Future:
+        """Attach a turn's next state (never over one it has); the choice whose text was echoed gets it."""
+        ...
+
+    def close_session(self, session_id: str, reason: str, last_main_index: int | None) -> Future:
+        """Close a session and mark its last main turn final, so it is judged without a next state."""
+        ...
+
+    # -- turns and sessions: reads -----------------------------------------------
+    def get_turn(self, turn_id: int) -> Turn | None:
+        """One turn by row id; None when unknown."""
+        ...
+
+    def session_turns(self, session_id: str) -> list[Turn]:
+        """A session's turns in order (index, then choice)."""
+        ...
+
+    def iter_sessions(self) -> Iterator[tuple[str, list[Turn]]]:
+        """Every session with its turns, oldest session first (what `clawloop export` writes)."""
+        ...
+
+    def next_index(self, session_id: str) -> int:
+        """The first turn index no stored row of the session uses."""
+        ...
+
+    def max_policy_version(self) -> int | None:
+        """The newest policy version any stored turn was served with (None: no turn yet)."""
+        ...
+
+    def session_state(self) -> list[dict[str, Any]]:
+        """Open sessions with their last and pending main turn indexes (capture's state after a restart)."""
+        ...
+
+    def recent_answers(self, sessions: int) -> list[tuple[str, int, str, list[dict[str, Any]], str,
+                                                           list[dict[str, Any]] | None, bool]]:
+        """The last main turn of the most recently seen sessions (capture rebuilds header-less linking)."""
+        ...
+
+    # -- judgements ---------------------------------------------------------------
+    def turns_to_judge(self, judge: str, limit: int, exclude: set[int] | frozenset[int] = frozenset()) -> list[Turn]:
+        """Main trainable turns with a next state (or final) that `judge` has not scored, oldest first."""
+        ...
+
+    def count_pending_judgement(self, judge: str) -> int:
+        """How many turns `turns_to_judge(judge, ...)` would still return."""
+        ...
+
+    def save_judgement(self, j: Judgement) -> Future:
+        """Store a verdict once per (turn, judge); resolves to whether it was new."""
+        ...
+
+    def get_judgement(self, turn_id: int, judge: str) -> Judgement | None:
+        """`judge`'s verdict on a turn; None when it has none."""
+        ...
+
+    def judged_turns(self, judge: str, after_id: int, limit: int) -> list[tuple[int, Turn, Judgement]]:
+        """(judgement row id, turn, verdict) of `judge` with row id > after_id, in row id order."""
+        ...
+
+    # -- trainer cursors ----------------------------------------------------------
+    def get_cursor(self, name: str, default: int = 0) -> int:
+        """A named cursor (the last judgement row id a trainer consumed); `default` when never set."""
+        ...
+
+    def set_cursor(self, name: str, value: int) -> Future:
+        """Move a named cursor; a replayed older value never moves it back."""
+        ...
+
+    # -- dashboard and tenants (read-only) ---------------------------------------
+    def list_sessions(self, limit: int, offset: int = 0, *, judge: str,
+                      tenant: str | None = None) -> tuple[int, list[dict[str, Any]]]:
+        """(session count, one page of session rows with `judge`'s verdict counts), most recently seen first."""
+        ...
+
+    def session_summary(self, session_id: str, *, judge: str, tenant: str | None = None) -> dict[str, Any] | None:
+        """One session's `list_sessions` row; None when unknown or not `tenant`'s."""
+        ...
+
+    def session_turns_page(self, session_id: str, limit: int, offset: int = 0, *,
+                           tenant: str | None = None) -> list[Turn]:
+        """Rows `offset`.. of a session's turns in order; with `tenant`, only its turns."""
+        ...
+
+    def judgements_of(self, turn_ids: list[int]) -> dict[int, list[tuple[int, Judgement]]]:
+        """Every judge's verdicts on each turn: turn id -> [(judgement row id, verdict)], oldest first."""
+        ...
+
+    def judgement_counts(self, since: float, bucket_s: float, *, judge: str,
+                         limit: int = 2000) -> list[dict[str, Any]]:
+        """`judge`'s verdicts since `since` per `bucket_s` window: [{"t", "pos", "zero", "neg"}], oldest first."""
+        ...
+
+    def stats(self) -> dict[str, int | float]:
+        """Totals (turns, main/side turns, judgements, sessions, open sessions) and `write_stats()`."""
+        ...
+
+    # -- the write path -------------------------------------------------------------
+    def flush(self, timeout: float | None = 30.0) -> None:
+        """Block until every write enqueued before this call is durable."""
+        ...
+
+    def pending_writes(self) -> int:
+        """Writes enqueued and not yet durable."""
+        ...
+
+    def overloaded(self) -> bool:
+        """True while writes back up: the gateway answers 429 rather than queue more."""
+        ...
+
+    def write_stats(self) -> dict[str, float]:
+        """The write path's counters (`capture/store_failures`, `capture/spilled`, ...), without a query."""
+        ...
+
+    def close(self) -> None:
+        """Flush, then release the store; a second call does nothing."""
+        ...
