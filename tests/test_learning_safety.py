@@ -14,7 +14,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clawloop.losses import anchor_kl_loss, combined_advantages, nucleus_mass_loss, running_baseline, teacher_nucleus
+from clawloop.losses import (
+    anchor_kl_loss,
+    anchor_positions,
+    centre_rewards,
+    combined_advantages,
+    nucleus_mass_loss,
+    running_baseline,
+    teacher_nucleus,
+    until_divergence,
+)
 from conftest import make_cfg
 
 OLD = {"train__baseline": "none", "train__negative_weight": "1", "train__opd_credit": "all",
@@ -33,6 +42,39 @@ def test_running_baseline_is_the_leave_one_out_mean_by_hand():
     assert running_baseline(torch.tensor([0.3]), [1.0]).tolist() == pytest.approx([1.0])
     with pytest.raises(ValueError):
         running_baseline(torch.tensor([float("nan")]))
+
+
+def test_centre_rewards_baseline_groups_and_negative_weight_by_hand():
+    """What `Trainer.rl_scores` runs. Ungrouped rewards (1, -1, -1), no history: leave-one-out baselines
+    -1, 0, 0 -> 2, -1, -1; negative weight 0.5 -> 2, -0.5, -0.5. The group g (0.5, -0.5) is centred on its
+    mean 0 and keeps its sign: the negative weight is for live turns only."""
+    r = torch.tensor([1.0, -1.0, -1.0, 0.5, -0.5])
+    groups = [None, None, None, "g", "g"]
+    got, stats = centre_rewards(r, groups, negative_weight=0.5)
+    assert got.tolist() == pytest.approx([2.0, -0.5, -0.5, 0.5, -0.5])
+    assert stats["train/baseline"] == pytest.approx(-1 / 3) and stats["train/score_mean"] == pytest.approx(-0.2)
+    assert stats["train/groups"] == 1.0
+    # the caller already recorded this batch in the window [1, -1, -1, 1]: each baseline is the mean of the
+    # window without the reward itself, (0 - x) / 3 -> 1 + 1/3, -1 - 1/3 (x 0.5), no group stats without groups
+    got, stats = centre_rewards(r[:3], groups[:3], history=[1.0, -1.0, -1.0, 1.0], history_has_batch=True,
+                                negative_weight=0.5)
+    assert got.tolist() == pytest.approx([4 / 3, -2 / 3, -2 / 3]) and "train/groups" not in stats
+    # baseline none, negative weight 1: the raw rewards
+    got, _ = centre_rewards(r[:3], groups[:3], baseline="none")
+    assert got.tolist() == pytest.approx([1.0, -1.0, -1.0])
+
+
+def test_anchor_positions_by_hand():
+    """Row 0 has no score (NaN) and no advantages: every valid position but its divergence point (the first
+    disagreement, position 1). Row 1 (score 1) and row 2 (its own advantages) have an RL term: none.
+    Row 3 scored 0 carries no RL signal: all its valid positions (the teacher never disagrees)."""
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 0]])
+    scores = torch.tensor([float("nan"), 1.0, float("nan"), 0.0])
+    has_pre = torch.tensor([False, False, True, False])
+    agrees = torch.tensor([[True, False, False], [True, True, False], [False, True, True], [True, True, False]])
+    got = anchor_positions(mask, scores, has_pre, agrees)
+    assert got.tolist() == [[1, 0, 1], [0, 0, 0], [0, 0, 0], [1, 1, 0]]
+    assert anchor_positions(mask, scores, has_pre).tolist()[0] == [1, 1, 1]  # no teacher: no divergence point
 
 
 def test_opd_divergence_cut_by_hand():
@@ -202,7 +244,7 @@ def test_the_trainer_anchors_what_no_signal_names(random_model_dir, tmp_path, mo
     samples[1] = samples[1].__class__(**{**samples[1].__dict__, "hint": None})
     tr.step(samples)
     b = tr._tensorize(samples, tr.teacher_signals(samples, [s.hint for s in samples]), [0.0, 2.0], ref=False)
-    first = core.until_divergence(b.teacher_agrees, b.mask) & ~b.teacher_agrees.bool()  # (B, L-1)
+    first = until_divergence(b.teacher_agrees, b.mask) & ~b.teacher_agrees.bool()  # (B, L-1)
     order = sorted(range(2), key=lambda i: len(samples[i].tokens))  # micro-batch rows are sorted by length
     m = seen["mask"]
     corrected, accepted = order.index(0), order.index(1)

@@ -1,4 +1,6 @@
-"""Each objective in clawloop.losses against a small example worked out by hand.
+"""Each objective in clawloop.losses against a small example worked out by hand: the functions the
+trainer runs (`Trainer._objective` dispatches to binary_rl_loss, opd_loss, combine_loss, distill_loss,
+each building its advantages with combined_advantages).
 
 The arithmetic is in the comment above each check; the code only confirms it.
 Run: .venv/bin/python -m pytest tests/test_losses.py
@@ -17,11 +19,12 @@ from clawloop.losses import (
     PluginError,
     aggregate,
     aggregation_denominator,
-    binary_rl_advantages,
     binary_rl_loss,
+    centre_rewards,
     check_signature,
     combine_loss,
     combined_advantages,
+    distill_loss,
     entropy_bonus,
     entropy_from_logits,
     group_normalize,
@@ -30,10 +33,8 @@ from clawloop.losses import (
     load_callable,
     load_custom_loss,
     logprob_diff_stats,
-    opd_advantages,
     opd_loss,
     ppo_clip_loss,
-    staleness_filter,
     staleness_histogram,
     staleness_token_mask,
     tis_weights,
@@ -272,12 +273,18 @@ def test_ppo_rejects_mismatched_shapes():
 
 
 def test_binary_rl_advantages_broadcast_by_hand():
-    # score of each sample on each of its response tokens, 0 on prompt / padding
-    adv, stats = binary_rl_advantages(t([1.0, -1.0, 0.0]), t([[0, 1, 1], [1, 1, 0], [1, 0, 0]]))
-    assert torch.equal(adv, torch.tensor([[0.0, 1.0, 1.0], [-1.0, -1.0, 0.0], [0.0, 0.0, 0.0]]))
-    assert stats["train/zero_adv_frac"] == pytest.approx(1 / 3)  # the score-0 sample
-    with pytest.raises(ValueError, match="finite"):
-        binary_rl_advantages(t([1.0, NAN]), torch.ones(2, 2))
+    # score of each sample on each of its response tokens, 0 on prompt / padding (the advantages
+    # binary_rl_loss trains on: combined_advantages with no teacher)
+    mask = t([[0, 1, 1], [1, 1, 0], [1, 0, 0]])
+    adv, stats = combined_advantages(t([1.0, -1.0, 0.0]), None, torch.zeros(3, 3, dtype=torch.float64), mask)
+    assert torch.equal(adv, t([[0.0, 1.0, 1.0], [-1.0, -1.0, 0.0], [0.0, 0.0, 0.0]]))
+    assert stats["train/combine_zero_adv_frac"] == pytest.approx(1 / 5)  # the score-0 sample's one token
+    # an unscored sample (NaN) trains on nothing and says so; a non-finite score marked present is an error
+    adv, stats = combined_advantages(t([1.0, NAN]), None, torch.zeros(2, 2, dtype=torch.float64), torch.ones(2, 2))
+    assert torch.equal(adv, t([[1.0, 1.0], [0.0, 0.0]])) and stats["train/combine_no_signal_frac"] == 0.5
+    with pytest.raises(ValueError, match="not finite"):
+        combined_advantages(t([1.0, NAN]), None, torch.zeros(2, 2), torch.ones(2, 2),
+                            has_score=t([1, 1], dtype=torch.bool))
 
 
 def test_group_normalize_uneven_interleaved_groups_by_hand():
@@ -321,20 +328,37 @@ def test_group_normalize_equal_groups_match_reshape():
 
 
 def test_binary_rl_loss_by_hand():
-    # one group {+1, 0}: mean 0.5 -> advantages +0.5, -0.5; ratios 1 (logprobs == old):
+    # one group {+1, 0}: mean 0.5 -> advantages +0.5, -0.5 (centre_rewards, once per step, as the
+    # trainer does before micro-batching); ratios 1 (logprobs == old):
     # per-token loss -A: row 0 (2 tokens) -0.5, -0.5; row 1 (1 token) +0.5
     # token-mean = (-0.5 - 0.5 + 0.5) / 3 = -1/6; grad = -A/3 = [[-1/6, -1/6], [1/6, 0]]
     logprobs = t([[-1.0, -2.0], [-0.5, 0.0]]).requires_grad_(True)
     mask = t([[1, 1], [1, 0]])
-    loss, stats = binary_rl_loss(logprobs, logprobs.detach(), t([1.0, 0.0]), mask, group_ids=["g", "g"])
+    scores, group_stats = centre_rewards(t([1.0, 0.0]), ["g", "g"])
+    loss, stats = binary_rl_loss(logprobs, logprobs.detach(), scores, mask)
     assert loss.item() == pytest.approx(-1 / 6)
     loss.backward()
     assert torch.allclose(logprobs.grad, t([[-1 / 6, -1 / 6], [1 / 6, 0.0]]))
-    assert stats["train/groups"] == 1.0
+    assert group_stats["train/groups"] == 1.0
     # without groups the raw scores train: (-1 - 1 + 0) / 3 = -2/3
     loss, stats = binary_rl_loss(logprobs, logprobs.detach(), t([1.0, 0.0]), mask)
     assert loss.item() == pytest.approx(-2 / 3)
-    assert stats["train/zero_adv_frac"] == 0.5
+    assert stats["train/combine_zero_adv_frac"] == pytest.approx(1 / 3)  # row 1's one token
+    assert stats["train/combine_rl_frac"] == 1.0 and stats["train/valid_tokens"] == 3.0
+
+
+def test_binary_rl_loss_weights_and_a_rollout_groups_own_advantages_by_hand():
+    # row 0: score 1, w_rl 2 -> A = (2, 2); row 1 arrived with its own advantages (0.5, -1): they are
+    # its RL term (its score, 5, is ignored) -> w_rl x (0.5, -1) = (1, -2)
+    # ratio 1: token-mean of -A = -(2 + 2 + 1 - 2) / 4 = -3/4
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    pre, has_pre = t([[0.0, 0.0], [0.5, -1.0]]), t([0, 1], dtype=torch.bool)
+    loss, stats = binary_rl_loss(old.clone().requires_grad_(True), old, t([1.0, 5.0]), torch.ones(2, 2),
+                                 pre_advantages=pre, has_pre=has_pre, w_rl=2.0)
+    assert loss.item() == pytest.approx(-3 / 4)
+    assert stats["train/combine_rl_frac"] == 0.5  # the scores; the pre row is its own kind of signal
+    with pytest.raises(ValueError, match="together"):
+        binary_rl_loss(old.clone().requires_grad_(True), old, t([1.0, 5.0]), torch.ones(2, 2), pre_advantages=pre)
 
 
 # ---------------------------------------------------------------------------- OPD
@@ -343,26 +367,70 @@ def test_binary_rl_loss_by_hand():
 def test_opd_loss_by_hand():
     # teacher - old = (-1 - -2, -0.5 - -0.5, -3 - -1) = (1, 0, -2)
     # logprobs == old, ratio 1: per-token loss -A = (-1, 0, 2), token-mean = 1/3
-    # adv_clip 1.5: A = (1, 0, -1.5), loss = (-1 + 0 + 1.5) / 3 = 1/6, one token clipped
+    # opd_clip 1.5: A = (1, 0, -1.5), loss = (-1 + 0 + 1.5) / 3 = 1/6
+    # w_opd 2: A = (2, 0, -4), loss = 2/3
     teacher, old = t([[-1.0, -0.5, -3.0]]), t([[-2.0, -0.5, -1.0]])
     mask = torch.ones(1, 3)
-    adv, _ = opd_advantages(teacher, old, mask)
+    adv, _ = combined_advantages(t([NAN]), teacher, old, mask)  # OPD's advantages: no score
     assert torch.equal(adv, t([[1.0, 0.0, -2.0]]))
     logprobs = old.clone().requires_grad_(True)
     loss, stats = opd_loss(logprobs, old, teacher, mask)
     assert loss.item() == pytest.approx(1 / 3)
-    assert stats["train/opd_positive_frac"] == pytest.approx(1 / 3)
+    assert stats["train/combine_opd_frac"] == 1.0 and stats["train/combine_rl_frac"] == 0.0
     loss.backward()
     assert torch.allclose(logprobs.grad, t([[-1 / 3, 0.0, 2 / 3]]))
-    loss, stats = opd_loss(old.clone().requires_grad_(True), old, teacher, mask, adv_clip=1.5)
+    loss, stats = opd_loss(old.clone().requires_grad_(True), old, teacher, mask, opd_clip=1.5)
     assert loss.item() == pytest.approx(1 / 6)
-    assert stats["train/opd_clipped_frac"] == pytest.approx(1 / 3)
+    loss, _ = opd_loss(old.clone().requires_grad_(True), old, teacher, mask, w_opd=2.0)
+    assert loss.item() == pytest.approx(2 / 3)
+    # the divergence cut (opd_credit divergence): the teacher agrees with token 0, not with token 1 ->
+    # token 0 keeps +1, token 1 (the divergence point) keeps its 0, token 2 is past it -> 0; loss -1/3
+    agrees = t([[1, 0, 1]], dtype=torch.bool)
+    loss, stats = opd_loss(old.clone().requires_grad_(True), old, teacher, mask, teacher_agrees=agrees)
+    assert loss.item() == pytest.approx(-1 / 3)
+    assert stats["train/opd_after_divergence_frac"] == pytest.approx(1 / 3)
 
 
 def test_opd_ignores_garbage_teacher_on_padding():
     teacher, old = t([[-1.0, NAN]]), t([[-2.0, 0.0]])
-    adv, _ = opd_advantages(teacher, old, t([[1, 0]]))
+    adv, _ = combined_advantages(t([NAN]), teacher, old, t([[1, 0]]))
     assert torch.equal(adv, t([[1.0, 0.0]]))
+    # a row without a teacher (NaN on its valid tokens) trains on nothing, it is not an error
+    loss, stats = opd_loss(old.clone().requires_grad_(True), old, t([[NAN, NAN]]), t([[1, 1]]))
+    assert loss.item() == 0.0 and stats["train/combine_no_signal_frac"] == 1.0
+
+
+def test_distill_loss_by_hand():
+    # nucleus target, one row of 2 positions, a uniform student over V = 4 (p = 1/4 everywhere).
+    # The teacher's top-2 (0.95, 0.04) with top_p 0.9: the nucleus is its top-1 alone, so each position's
+    # loss is -log 1/4 = log 4. The teacher disagrees with the sampled token at position 0 (the
+    # divergence point, kept) and agrees at 1 (past it, cut): the term covers position 0 only -> log 4;
+    # w_opd 2 -> 2 log 4. The score 1 adds the policy-gradient term, ratio 1: token-mean of -1 = -1.
+    logits = torch.zeros(1, 2, 4, dtype=torch.float64, requires_grad=True)
+    ids = torch.tensor([[[0, 1], [2, 3]]])
+    t_lp = torch.log(t([[[0.95, 0.04], [0.95, 0.04]]]))
+    old, mask = torch.full((1, 2), math.log(0.25), dtype=torch.float64), torch.ones(1, 2)
+    agrees = t([[0, 1]], dtype=torch.bool)
+    kw = dict(teacher_topk_ids=ids, teacher_topk_logprobs=t_lp, teacher_agrees=agrees, target="nucleus", top_p=0.9,
+              w_opd=2.0)
+    loss, stats = distill_loss(old.clone().requires_grad_(True), old, logits, mask, scores=t([1.0]), **kw)
+    assert loss.item() == pytest.approx(2 * math.log(4) - 1)
+    assert stats["train/opd_after_divergence_frac"] == pytest.approx(0.5)
+    assert stats["train/nucleus_size"] == 1.0 and stats["train/pg_loss"] == pytest.approx(-1.0)
+    # no score and no advantages of its own (--method opd): the distribution term alone, no PPO term
+    loss, stats = distill_loss(old.clone().requires_grad_(True), old, logits, mask, **kw)
+    assert loss.item() == pytest.approx(2 * math.log(4)) and "train/pg_loss" not in stats
+    # a row the teacher saw no hint for (has_topk False) is not distilled
+    loss, _ = distill_loss(old.clone().requires_grad_(True), old, logits, mask, scores=t([1.0]),
+                           has_topk=t([0], dtype=torch.bool), **kw)
+    assert loss.item() == pytest.approx(-1.0)
+    # the top-K target is w_opd x topk_distill_loss on the same positions, reported as train/topk_loss
+    kw["target"] = "topk"
+    loss, stats = distill_loss(old.clone().requires_grad_(True), old, logits, mask, **kw)
+    ref, _ = topk_distill_loss(logits, ids, t_lp, t([[1, 0]]))
+    assert loss.item() == pytest.approx(2 * ref.item()) and stats["train/topk_loss"] == pytest.approx(2 * ref.item())
+    with pytest.raises(ValueError, match="nothing to train on"):
+        distill_loss(old, old, logits, mask, teacher_topk_ids=None, teacher_topk_logprobs=None)
 
 
 # ---------------------------------------------------------------------------- Combine
@@ -532,21 +600,21 @@ def test_tis_weights_by_hand():
     assert logprob_diff_stats(old, old, mask)["train/logprob_diff_abs_mean"] == 0.0
 
 
-def test_staleness_filter_by_hand():
-    # current version 5, versions (5, 4, 1, 3, 6) -> staleness (0, 1, 4, 2, -1)
+def test_staleness_bound_by_hand():
+    # one token per sample, all valid: current version 5, versions (5, 4, 1, 3, 6) -> staleness (0, 1, 4, 2, -1)
     # K = 2 keeps all but the 4-old one; K = 0 keeps 0 and the (newer) -1
-    versions = [5, 4, 1, 3, 6]
-    keep, dropped = staleness_filter(versions, 5, 2)
+    versions, ones = [5, 4, 1, 3, 6], torch.ones(5, dtype=torch.long)
+    keep, dropped = staleness_token_mask(torch.tensor(versions), ones, 5, 2)
     assert keep.tolist() == [True, True, False, True, True] and dropped == 1
-    keep, dropped = staleness_filter(torch.tensor(versions), 5, 0)
+    keep, dropped = staleness_token_mask(torch.tensor(versions), ones, 5, 0)
     assert keep.tolist() == [True, False, False, False, True] and dropped == 3
-    keep, dropped = staleness_filter(versions, 5, None)
+    keep, dropped = staleness_token_mask(torch.tensor(versions), ones, 5, None)
     assert keep.all() and dropped == 0
-    keep, dropped = staleness_filter([], 5, 2)
+    keep, dropped = staleness_token_mask([], [], 5, 2)
     assert keep.numel() == 0 and dropped == 0
     assert staleness_histogram(versions, 5) == {-1: 1, 0: 1, 1: 1, 2: 1, 4: 1}
     with pytest.raises(ValueError, match="max_staleness"):
-        staleness_filter(versions, 5, -1)
+        staleness_token_mask(torch.tensor(versions), ones, 5, -1)
 
 
 def test_staleness_token_mask_by_hand():

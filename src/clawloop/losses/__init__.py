@@ -1,25 +1,34 @@
 """Training objectives: one pure function per objective, each `(tensors, *, knobs) -> (loss, stats)`.
 
-    ppo.py         ppo_clip_loss          the clipped surrogate everything below trains with
-    binary.py      binary_rl_loss         judge score as every response token's advantage
-    advantages.py  binary_rl_advantages, group_normalize (groups of unequal size), running_baseline
-    opd.py         opd_loss               teacher - old logprob as a per-token advantage
-    combine.py     combine_loss           w_rl * score + w_opd * (teacher - old)
-    credit.py      until_divergence       where a hinted teacher's view is evidence
+The trainer (`trainer/core.py`, `Trainer._objective`) calls exactly one objective per micro-batch:
+
+    --method binary                          binary.py    binary_rl_loss   judge score as every response token's advantage
+    --method opd     --opd-target advantage  opd.py       opd_loss         teacher - old logprob as a per-token advantage
+    --method combine --opd-target advantage  combine.py   combine_loss     w_rl * score + w_opd * (teacher - old)
+    --method opd / combine, topk | nucleus   distill.py   distill_loss     w_opd * top-K KL (topk.py) or nucleus mass
+                                                                           (nucleus.py), + binary_rl_loss for scores
+    --custom-loss-function-path              plugins.py   load_custom_loss stands in for ppo_clip_loss in any of them
+
+and adds the regularisers itself: kl.py (anchor_kl_loss on credit.anchor_positions, kl_loss, entropy_bonus).
+
+    advantages.py  centre_rewards (group mean, mean baseline, negative weight; once per step),
+                   combined_advantages (the per-token advantages of every objective above),
+                   group_normalize (groups of unequal size), running_baseline, step_wise_advantages
+    ppo.py         ppo_clip_loss          the clipped surrogate the advantage objectives train with
+    credit.py      until_divergence       where a hinted teacher's view is evidence; anchor_positions
     topk.py        topk_distill_loss      reverse KL over the teacher's top-K + a tail bucket
-    nucleus.py     nucleus_mass_loss      the student's mass on the teacher's top-p nucleus (OPD's default)
+    nucleus.py     nucleus_mass_loss      the student's mass on the teacher's top-p nucleus
     kl.py          kl_loss, entropy_bonus KL to a reference (k1/k2/k3), entropy; both off by default
                    anchor_kl_loss         full-distribution KL where the signal says nothing
-    offpolicy.py   tis_weights, behaviour_logprobs, staleness_filter, staleness_token_mask
-                   engine/trainer mismatch, sampling at T != 1 / top-p, stale samples
+    offpolicy.py   tis_weights, behaviour_logprobs, staleness_token_mask
+                   engine/trainer mismatch, sampling at T != 1 / top-p, stale tokens
     aggregation.py aggregate, step_denominator   token-mean, seq-mean-*, fixed denominator
-    plugins.py     load_custom_loss       --custom-loss-function-path file.py:fn
 
 Stats keys are namespaced `train/...`. Every function is pure: no state, no
 config lookups; the trainer passes the knobs from `TrainConfig`.
 """
 
-from clawloop.losses.advantages import binary_rl_advantages, group_normalize, running_baseline
+from clawloop.losses.advantages import centre_rewards, combined_advantages, group_normalize, running_baseline
 from clawloop.losses.aggregation import (
     AGG_MODES,
     aggregate,
@@ -29,18 +38,18 @@ from clawloop.losses.aggregation import (
     step_denominator,
 )
 from clawloop.losses.binary import binary_rl_loss
-from clawloop.losses.combine import combine_loss, combined_advantages
-from clawloop.losses.credit import until_divergence
+from clawloop.losses.combine import combine_loss
+from clawloop.losses.credit import anchor_positions, until_divergence
+from clawloop.losses.distill import DISTILL_TARGETS, distill_loss
 from clawloop.losses.kl import KL_KINDS, anchor_kl_loss, entropy_bonus, entropy_from_logits, kl_loss, kl_penalty
 from clawloop.losses.offpolicy import (
     behaviour_logprobs,
     logprob_diff_stats,
-    staleness_filter,
     staleness_histogram,
     staleness_token_mask,
     tis_weights,
 )
-from clawloop.losses.opd import opd_advantages, opd_loss
+from clawloop.losses.opd import opd_loss
 from clawloop.losses.plugins import (
     CUSTOM_LOSS_KWARGS,
     CUSTOM_LOSS_SIGNATURE,
@@ -57,16 +66,19 @@ __all__ = [
     "AGG_MODES",
     "CUSTOM_LOSS_KWARGS",
     "CUSTOM_LOSS_SIGNATURE",
+    "DISTILL_TARGETS",
     "KL_KINDS",
     "PluginError",
     "aggregate",
     "anchor_kl_loss",
+    "anchor_positions",
     "aggregation_denominator",
-    "binary_rl_advantages",
     "binary_rl_loss",
+    "centre_rewards",
     "check_signature",
     "combine_loss",
     "combined_advantages",
+    "distill_loss",
     "entropy_bonus",
     "entropy_from_logits",
     "group_normalize",
@@ -77,11 +89,9 @@ __all__ = [
     "logprob_diff_stats",
     "masked_max_float",
     "masked_mean_float",
-    "opd_advantages",
     "opd_loss",
     "ppo_clip_loss",
     "running_baseline",
-    "staleness_filter",
     "staleness_histogram",
     "staleness_token_mask",
     "step_denominator",

@@ -13,6 +13,7 @@ rejection.
 
     until_divergence(agrees, mask)   (B, T) bool: positions up to and including
                                       the first disagreement on each row
+    anchor_positions(mask, scores, ...)  (B, T): where no signal names a token (the anchor's)
 """
 
 from __future__ import annotations
@@ -29,3 +30,18 @@ def until_divergence(agrees: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     disagree = valid & ~agrees.bool()  # (B, T)
     seen = torch.cumsum(disagree.long(), dim=-1)  # (B, T) disagreements so far, this one included
     return valid & ((seen == 0) | (disagree & (seen == 1)))  # (B, T)
+
+
+def anchor_positions(mask: torch.Tensor, scores: torch.Tensor, has_pre: torch.Tensor,
+                     teacher_agrees: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T) the positions OPD's anchor (`kl.anchor_kl_loss`) holds: where no learning signal names a
+    token. Rows with an RL term (a finite non-zero score (B,), or advantages of their own, `has_pre`
+    (B,)) are left to it; on the other rows, every valid position except each row's divergence point
+    (the first position where `teacher_agrees` (B, T) is False: there the teacher said what to change).
+    Same dtype as `mask`."""
+    rl_rows = (torch.isfinite(scores) & (scores != 0)) | has_pre  # (B,) rows with an RL term
+    amask = mask * ~rl_rows[:, None]  # (B, T)
+    if teacher_agrees is not None:  # not where the teacher said what to change
+        first = until_divergence(teacher_agrees, mask) & ~teacher_agrees.bool()  # (B, T)
+        amask = amask * ~first
+    return amask

@@ -13,11 +13,12 @@ an older policy version. Two corrections, both on by default:
 
   which reweights the engine's samples towards the trainer's old policy. The
   cap bounds the variance; weights are constants (no gradient).
-- A staleness bound: samples more than `max_staleness` policy versions older
-  than the trainer are dropped, and the drop is counted. An engine that swaps
-  weights under running requests (vLLM) yields responses whose tokens come
-  from two versions; `staleness_token_mask` applies the bound per token, so
-  the newer tokens of such a response still train. TIS needs nothing extra
+- A staleness bound (`staleness_token_mask`): response tokens more than
+  `max_staleness` policy versions older than the reference are taken out of
+  the loss mask, and counted; a sample with none left is dropped. The bound
+  is per token because an engine that swaps weights under running requests
+  (vLLM) yields responses whose tokens come from two versions, and the newer
+  tokens of such a response still train. TIS needs nothing extra
   for them: each token carries the engine logprob of the weights that
   sampled it, so its weight is already that token's own ratio.
 
@@ -118,28 +119,6 @@ def behaviour_logprobs(
     return torch.where(greedy[:, None], torch.zeros_like(lq), lq)
 
 
-def staleness_filter(
-    versions: torch.Tensor | Sequence[int],
-    current_version: int,
-    max_staleness: int | None,
-) -> tuple[torch.Tensor, int]:
-    """Keep mask (B,) bool for samples at most `max_staleness` versions old, and the dropped count.
-
-    Staleness is `current_version - version`. `max_staleness=None` keeps
-    everything; 0 keeps only samples from the current version. A version newer
-    than the trainer's (after resuming an older checkpoint) is kept: its
-    engine logprobs are still exact, and TIS corrects for the difference.
-    """
-    if max_staleness is not None and max_staleness < 0:
-        raise ValueError(f"max_staleness must be >= 0 (or None for no bound), got {max_staleness}")
-    v = torch.as_tensor(versions, dtype=torch.long).reshape(-1)  # (B,)
-    if max_staleness is None:
-        keep = torch.ones_like(v, dtype=torch.bool)  # (B,)
-    else:
-        keep = (current_version - v) <= max_staleness  # (B,)
-    return keep, int((~keep).sum().item())
-
-
 def staleness_token_mask(
     versions: torch.Tensor,
     mask: torch.Tensor,
@@ -147,9 +126,12 @@ def staleness_token_mask(
     max_staleness: int | None,
 ) -> tuple[torch.Tensor, int]:
     """`mask` with the tokens more than `max_staleness` versions old removed, and how many valid
-    tokens that removed. Any shape; `versions` and `mask` share it.
+    tokens that removed. Any shape; `versions` and `mask` share it (the trainer passes each
+    sample's per-token versions, and drops a sample with no trainable token left).
 
-    The per-token form of `staleness_filter` (same bound, same treatment of newer versions)."""
+    Staleness is `current_version - version`. `max_staleness=None` keeps everything; 0 keeps only
+    tokens of the current version. A version newer than the reference (after resuming an older
+    checkpoint) is kept: its engine logprobs are still exact, and TIS corrects for the difference."""
     if max_staleness is not None and max_staleness < 0:
         raise ValueError(f"max_staleness must be >= 0 (or None for no bound), got {max_staleness}")
     v = torch.as_tensor(versions, dtype=torch.long)

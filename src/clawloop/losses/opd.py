@@ -1,4 +1,5 @@
-"""On-policy distillation (OPD) from a hint-conditioned teacher.
+"""On-policy distillation (OPD) from a hint-conditioned teacher, token-advantage target: the objective
+of `--method opd --opd-target advantage` (the default target, top-K, is `distill.py`).
 
 After a turn is judged, the judge writes a hint. The teacher is the same model
 (or a stronger one) re-scoring the student's OWN sampled response tokens with
@@ -15,76 +16,47 @@ Departures from on-policy distillation as usually written (a per-token reverse
 KL minimised directly, Agarwal et al. 2024 / Thinking Machines 2025): we feed
 the per-token log-ratio to the PPO clipped surrogate as a per-token advantage
 with no discounting, so old-policy reuse is clipped like RL and OPD combines
-with Binary RL by adding advantages (`combine.py`). An optional `clip` bounds
-|A_t| because a hint can make single tokens wildly (un)likely.
+with Binary RL by adding advantages (`combine.py`). An optional `opd_clip`
+bounds |A_t| because a hint can make single tokens wildly (un)likely, and
+`teacher_agrees` cuts the advantage at the divergence point (`credit.py`).
+The advantages are `advantages.combined_advantages` with no score.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
-from clawloop.losses.aggregation import masked_mean_float
+from clawloop.losses.advantages import combined_advantages
 from clawloop.losses.ppo import ppo_clip_loss
-
-
-def opd_advantages(
-    teacher_logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token advantage teacher - old (B, T), zero off the mask, detached; plus stats.
-
-    Stats: train/opd_adv_mean, train/opd_adv_abs_mean, train/opd_clipped_frac,
-    train/opd_positive_frac.
-    """
-    if clip is not None and clip <= 0:
-        raise ValueError(f"clip must be > 0, got {clip}")
-    if teacher_logprobs.shape != old_logprobs.shape or old_logprobs.shape != mask.shape:
-        raise ValueError(f"teacher {tuple(teacher_logprobs.shape)}, old {tuple(old_logprobs.shape)} and "
-                         f"mask {tuple(mask.shape)} must share one (B, T) shape")
-    valid = mask.bool()  # (B, T)
-    raw = (teacher_logprobs - old_logprobs).detach()  # (B, T)
-    raw = torch.where(valid, raw, torch.zeros((), dtype=raw.dtype, device=raw.device))  # (B, T)
-    if not bool(torch.isfinite(raw).all()):
-        raise ValueError("opd_advantages: teacher or old logprobs are not finite on valid tokens")
-    adv = raw if clip is None else raw.clamp(-clip, clip)  # (B, T)
-    stats = {
-        "train/opd_adv_mean": masked_mean_float(adv, valid),
-        "train/opd_adv_abs_mean": masked_mean_float(adv.abs(), valid),
-        "train/opd_clipped_frac": masked_mean_float((adv != raw).float(), valid),
-        "train/opd_positive_frac": masked_mean_float((adv > 0).float(), valid),
-    }
-    return adv, stats
 
 
 def opd_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
-    teacher_logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor | None,
     mask: torch.Tensor,
     *,
-    adv_clip: float | None = None,
-    eps_clip: float = 0.2,
-    eps_clip_high: float | None = 0.28,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
-    denominator: float | int | torch.Tensor | None = None,
-    is_weights: torch.Tensor | None = None,
+    teacher_agrees: torch.Tensor | None = None,
+    pre_advantages: torch.Tensor | None = None,
+    has_pre: torch.Tensor | None = None,
+    w_opd: float = 1.0,
+    opd_clip: float | None = None,
+    policy_loss: Callable[..., tuple[torch.Tensor, dict[str, float]]] = ppo_clip_loss,
+    **pg_knobs: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """`ppo_clip_loss` on `opd_advantages(teacher_logprobs, old_logprobs, mask, clip=adv_clip)`."""
-    adv, adv_stats = opd_advantages(teacher_logprobs, old_logprobs, mask, clip=adv_clip)
-    loss, stats = ppo_clip_loss(
-        logprobs,
-        old_logprobs,
-        adv,
-        mask,
-        eps_clip=eps_clip,
-        eps_clip_high=eps_clip_high,
-        dual_clip=dual_clip,
-        agg=agg,
-        denominator=denominator,
-        is_weights=is_weights,
-    )
-    return loss, {**stats, **adv_stats}
+    """`policy_loss` (the PPO clip, or a custom loss) with A_t = w_opd * (teacher - old) per token.
+
+    `teacher_logprobs` (B, T): NaN rows where a sample had no hint (advantage 0 there; None: no
+    teacher in the batch). A row with `pre_advantages` (a rollout-buffer group, `has_pre` (B,))
+    trains on them at full weight: OPD has no judge score, but the buffer's own advantage is the
+    signal that sample came with. `pg_knobs` go to `policy_loss` (eps_clip, eps_clip_high,
+    dual_clip, agg, denominator, is_weights). Stats: the advantages' and the policy loss's."""
+    no_score = torch.full(mask.shape[:1], float("nan"), dtype=old_logprobs.dtype, device=old_logprobs.device)  # (B,)
+    adv, adv_stats = combined_advantages(
+        no_score, teacher_logprobs, old_logprobs, mask, w_rl=1.0, w_opd=w_opd, opd_clip=opd_clip,
+        teacher_agrees=teacher_agrees, pre_advantages=pre_advantages, has_pre=has_pre)  # (B, T)
+    loss, stats = policy_loss(logprobs, old_logprobs, adv, mask, **pg_knobs)
+    return loss, {**adv_stats, **stats}

@@ -1,7 +1,10 @@
 """Custom losses (`--custom-loss-function-path`): three signatures users already have, one call.
 
-The trainer calls what `load_custom_loss` returns once per micro-batch, in place of
-`ppo_clip_loss`, and adds the KL and entropy terms itself:
+What `load_custom_loss` returns is a policy loss: the trainer hands it, with this
+micro-batch's inputs bound, to the method's objective (`binary_rl_loss`, `opd_loss`,
+`combine_loss`, `distill_loss`) as its `policy_loss`, in place of `ppo_clip_loss`. The
+objective builds the advantages and calls it once per micro-batch; the trainer adds the
+anchor, KL and entropy terms itself:
 
     loss, stats = custom(logprobs, old_logprobs, advantages, mask,
                          eps_clip=..., eps_clip_high=..., dual_clip=..., agg=..., denominator=..., is_weights=...,

@@ -31,10 +31,10 @@ A step (`Trainer.step`):
    message), in micro-batches under the token budget: the logprob of each
    sampled token and its K most likely tokens (`opd_target` topk/nucleus, and
    the top-1 that `opd_credit` divergence cuts at: `losses/credit.py`);
-3. RL scores: each sample's reward as it is (any float, never its sign),
-   centred per group (`group_normalize`) where samples share a group id;
-   an ungrouped one (a live turn) minus the mean baseline (the leave-one-out
-   mean of the last `baseline_window` judged rewards, `losses.running_baseline`),
+3. RL scores (`losses.centre_rewards`, over the whole step): each sample's
+   reward as it is (any float, never its sign), centred per group where
+   samples share a group id; an ungrouped one (a live turn) minus the mean
+   baseline (the leave-one-out mean of the last `baseline_window` judged rewards),
    a negative result scaled by `negative_weight` (0 by default: a -1 says "not
    this" but not where, and spread over the answer it pushes down the right
    tokens too; bench/RESULTS.md "Why the loop made the model worse");
@@ -49,13 +49,16 @@ A step (`Trainer.step`):
    forward over the whole batch comes first, and from the second update on the
    ratio moves and the clip acts (`train/clip_frac`);
 6. per mini-batch, per micro-batch: forward with grad; TIS weights (old vs the
-   engine's logprobs, per token); advantages (score and/or teacher - old with
-   `opd_target` advantage, `opd_clip` bounding the latter); PPO-clipped loss,
-   plus the OPD target's loss up to the divergence point (top-K reverse KL by
-   default, or the nucleus mass), the anchor KL (`anchor_coef` > 0), the KL
-   to the base weights (`kl_coef` > 0; measured whenever the base weights are
-   at hand) and the entropy bonus (the entropy is measured on every step);
-   backward. Then clip gradients, one AdamW update (`lr` 0: `auto_lr`).
+   engine's logprobs, per token); the method's objective (`Trainer._objective`:
+   one pure function per method, the table in `losses/__init__.py`; each
+   builds its per-token advantages with `losses.combined_advantages`, score
+   and/or teacher - old, and takes the PPO-clipped loss, or the custom loss in
+   its place; under the default `opd_target` topk the OPD term is the top-K
+   reverse KL up to the divergence point, `losses.distill_loss`); then the
+   anchor KL (`anchor_coef` > 0), the KL to the base weights (`kl_coef` > 0;
+   measured whenever the base weights are at hand) and the entropy bonus (the
+   entropy is measured on every step); backward. Then clip gradients, one
+   AdamW update (`lr` 0: `auto_lr`).
 
 Metrics over micro-batches and updates are merged by `metrics.merge_stats`
 (shares of a loss add up, maxima are maxima).
@@ -66,6 +69,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -80,23 +84,23 @@ import torch
 from clawloop.engines.base import LoraAdapter
 from clawloop.losses import (
     anchor_kl_loss,
+    anchor_positions,
     behaviour_logprobs,
-    logprob_diff_stats,
-    nucleus_mass_loss,
-    combined_advantages,
+    binary_rl_loss,
+    centre_rewards,
+    combine_loss,
+    distill_loss,
     entropy_bonus,
     entropy_from_logits,
-    group_normalize,
     kl_loss,
     load_custom_loss,
+    logprob_diff_stats,
+    opd_loss,
     ppo_clip_loss,
-    running_baseline,
     staleness_histogram,
     staleness_token_mask,
     step_denominator,
     tis_weights,
-    topk_distill_loss,
-    until_divergence,
 )
 from clawloop.losses.plugins import custom_loss_inputs
 from clawloop.records import Sample
@@ -153,7 +157,7 @@ class TeacherSignal:
 
 @dataclass
 class _Batch:
-    """One micro-batch as tensors; the fields after `top_p` are filled once old logprobs exist."""
+    """One micro-batch as tensors; `old`, `is_w` and `fixed_stats` are filled once old logprobs exist."""
 
     tokens: torch.Tensor  # (B, L) right-padded
     attn: torch.Tensor  # (B, L)
@@ -182,7 +186,6 @@ class _Batch:
     sampling from the masked distribution); the drift metric leaves them out."""
     old: torch.Tensor | None = None  # (B, L-1) logprobs before the first update
     is_w: torch.Tensor | None = None  # (B, L-1) TIS weights
-    adv: torch.Tensor | None = None  # (B, L-1)
     fixed_stats: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
@@ -608,36 +611,24 @@ class Trainer:
             self.reward_history.append(float(s.reward))
 
     def rl_scores(self, samples: list[Sample]) -> tuple[list[float], dict[str, float]]:
-        """Each sample's RL score: its reward as it is (any finite float), centred per group where samples
-        share a `group_id` (GRPO; groups of any size); nan where there is none or the sample brings its own
-        advantages."""
+        """Each sample's RL score (`losses.centre_rewards`): its reward as it is (any finite float), centred
+        per group where samples share a `group_id` (GRPO; groups of any size), an ungrouped one minus the mean
+        baseline and scaled by `negative_weight` when negative; nan where there is none or the sample brings
+        its own advantages."""
         idx = [i for i, s in enumerate(samples)
                if s.advantages is None and s.reward is not None and math.isfinite(float(s.reward))]
         out = [float("nan")] * len(samples)
         if not idx:
             return out, {}
         rewards = torch.tensor([float(samples[i].reward) for i in idx], dtype=torch.float32)  # (n,)
-        normed, stats = group_normalize(rewards, [samples[i].group_id for i in idx])
-        if not stats["train/groups"]:  # no groups: nothing was normalised, the group stats say nothing
-            stats = {}
-        solo = [k for k, i in enumerate(idx) if samples[i].group_id is None]
-        if solo and self.tc.baseline == "mean":
-            r = rewards[solo]  # (m,)
-            if self.rewards_observed:  # the loop recorded every judged reward as it read it, these included
-                hist = list(self.reward_history)
-                base = torch.tensor([(sum(hist) - x) / (len(hist) - 1) if len(hist) > 1 else 0.0
-                                     for x in r.tolist()])  # (m,) leave-one-out over the window
-            else:
-                base = running_baseline(r, self.reward_history)  # (m,)
-                self.reward_history.extend(r.tolist())
-            normed[solo] = r - base
-            stats["train/baseline"] = float(base.mean())
-        if solo and self.tc.negative_weight != 1.0:
-            a = normed[solo]  # (m,)
-            normed[solo] = torch.where(a < 0, a * self.tc.negative_weight, a)
+        groups = [samples[i].group_id for i in idx]
+        normed, stats = centre_rewards(rewards, groups, baseline=self.tc.baseline, history=self.reward_history,
+                                       history_has_batch=self.rewards_observed,
+                                       negative_weight=self.tc.negative_weight)  # (n,)
+        if self.tc.baseline == "mean" and not self.rewards_observed:  # the loop did not record them: do it here
+            self.reward_history.extend(rewards[[k for k, g in enumerate(groups) if g is None]].tolist())
         for i, v in zip(idx, normed.tolist()):
             out[i] = v
-        stats["train/score_mean"] = float(rewards.mean())
         return out, stats
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:
@@ -720,9 +711,9 @@ class Trainer:
                 out.append(dataclasses.replace(s, loss_mask=keep.long().tolist()))
         return out, masked, dropped
 
-    # -- old logprobs, advantages, loss -----------------------------------------
-    def _set_old(self, b: _Batch, old: torch.Tensor, logits: torch.Tensor | None, use_pg: bool) -> None:
-        """Fill the batch's old logprobs (B, L-1), TIS weights and advantages: what every update reuses."""
+    # -- old logprobs, objective, loss -----------------------------------------
+    def _set_old(self, b: _Batch, old: torch.Tensor, logits: torch.Tensor | None) -> None:
+        """Fill the batch's old logprobs (B, L-1) and TIS weights: what every update reuses."""
         t = self.tc
         old = old.detach()
         behaviour = torch.where(b.has_engine_lp[:, None], b.engine_lp, old)  # (B, L-1)
@@ -740,53 +731,44 @@ class Trainer:
             tis_stats["train/constrained_frac"] = float(b.constrained.float().mean())
         b.fixed_stats = dict(tis_stats)
         b.old = old
-        if not use_pg:
-            return
-        scores = torch.where(b.has_pre, torch.full_like(b.scores, float("nan")), b.scores)  # (B,)
-        b.adv, adv_stats = combined_advantages(
-            scores if self.use_rl else torch.full_like(scores, float("nan")),
-            b.teacher_lp if self.token_opd else None, old, b.mask,
-            w_rl=t.w_rl if self.use_rl else 0.0, w_opd=t.w_opd if self.token_opd else 0.0,
-            opd_clip=t.opd_clip or None, teacher_agrees=b.teacher_agrees if self.token_opd else None)
-        if bool(b.has_pre.any()):  # rollout-buffer groups: their advantages are the RL term
-            w = t.w_rl if self.use_rl else 1.0
-            b.adv = b.adv + torch.where(b.has_pre[:, None] & b.mask.bool(), w * b.pre_adv, torch.zeros_like(b.adv))
-        b.fixed_stats.update(adv_stats)
+
+    def _objective(self, b: _Batch, lp: torch.Tensor, logits: torch.Tensor, denom: float,
+                   use_pg: bool) -> tuple[torch.Tensor, dict[str, float]]:
+        """The method's objective on one micro-batch: one pure function per method (`losses/__init__.py`
+        has the table), each building its own advantages from the batch's signals. A custom loss stands in
+        for the PPO clip inside it, with the micro-batch's inputs bound. `use_pg`: some sample of the step
+        has a policy-gradient signal (always, except under a distribution target without scores)."""
+        t = self.tc
+        policy_loss = ppo_clip_loss
+        if self.custom_loss is not None:
+            policy_loss = functools.partial(self.custom_loss, **custom_loss_inputs(b, logits, t))  # scores, teacher..
+        pg = dict(policy_loss=policy_loss, eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high,
+                  dual_clip=t.dual_clip or None, agg=t.loss_agg, denominator=denom, is_weights=b.is_w)
+        pre = dict(pre_advantages=b.pre_adv, has_pre=b.has_pre) if use_pg else {}
+        if self.opd_target in ("topk", "nucleus"):
+            return distill_loss(lp, b.old, logits, b.mask, teacher_topk_ids=b.topk_ids, teacher_topk_logprobs=b.topk_lp,
+                                has_topk=b.has_topk, teacher_agrees=b.teacher_agrees, target=self.opd_target,
+                                top_p=t.opd_nucleus_p, w_opd=t.w_opd, scores=b.scores if self.use_rl else None,
+                                w_rl=t.w_rl if self.use_rl else 1.0, **pre, **pg)
+        if t.method == "binary":
+            return binary_rl_loss(lp, b.old, b.scores, b.mask, w_rl=t.w_rl, **pre, **pg)
+        opd = dict(teacher_agrees=b.teacher_agrees, opd_clip=t.opd_clip or None, w_opd=t.w_opd)
+        if t.method == "opd":
+            return opd_loss(lp, b.old, b.teacher_lp, b.mask, **opd, **pre, **pg)
+        return combine_loss(lp, b.old, b.scores, b.teacher_lp, b.mask, w_rl=t.w_rl, **opd, **pre, **pg)
 
     def _loss(self, b: _Batch, lp: torch.Tensor, logits: torch.Tensor, denom: float,
               use_pg: bool) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's share of the update's loss, and its stats."""
+        """The micro-batch's share of the update's loss, and its stats: the objective, then the regularisers."""
         t = self.tc
         stats = dict(b.fixed_stats)
         terms: list[torch.Tensor] = []
-        if use_pg:
-            extra = custom_loss_inputs(b, logits, t) if self.custom_loss is not None else {}  # scores, teacher...
-            pg, s = (self.custom_loss or ppo_clip_loss)(
-                lp, b.old, b.adv, b.mask, eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high,
-                dual_clip=t.dual_clip or None, agg=t.loss_agg, denominator=denom, is_weights=b.is_w, **extra)
-            terms.append(pg)
-            stats.update(s)
-        if b.topk_ids is not None:
-            kmask = b.mask * b.has_topk[:, None]  # (B, L-1) rows the teacher saw a hint for
-            if b.teacher_agrees is not None:  # opd_credit divergence: where the teacher's view is evidence
-                kept = until_divergence(b.teacher_agrees, kmask)  # (B, L-1)
-                stats["train/opd_after_divergence_frac"] = (
-                    1.0 - float(kept.sum()) / float(kmask.sum()) if float(kmask.sum()) else 0.0)
-                kmask = kmask * kept
-            if self.opd_target == "nucleus":
-                tk, s = nucleus_mass_loss(logits, b.topk_ids, b.topk_lp, kmask, top_p=t.opd_nucleus_p,
-                                          agg=t.loss_agg, denominator=denom)
-            else:
-                tk, s = topk_distill_loss(logits, b.topk_ids, b.topk_lp, kmask, agg=t.loss_agg, denominator=denom)
-                stats["train/topk_loss"] = float(t.w_opd * tk.detach())
-            terms.append(t.w_opd * tk)
+        if use_pg or b.topk_ids is not None:
+            obj, s = self._objective(b, lp, logits, denom, use_pg)
+            terms.append(obj)
             stats.update(s)
         if b.ref_logits is not None:
-            rl_rows = (torch.isfinite(b.scores) & (b.scores != 0)) | b.has_pre  # (B,) rows with an RL term
-            amask = b.mask * ~rl_rows[:, None]  # (B, L-1)
-            if b.teacher_agrees is not None:  # not where the teacher said what to change
-                first = until_divergence(b.teacher_agrees, b.mask) & ~b.teacher_agrees.bool()  # (B, L-1)
-                amask = amask * ~first
+            amask = anchor_positions(b.mask, b.scores, b.has_pre, b.teacher_agrees)  # (B, L-1)
             an, s = anchor_kl_loss(logits, b.ref_logits, amask, coef=t.anchor_coef, agg=t.loss_agg, denominator=denom)
             terms.append(an)
             stats.update(s)
@@ -850,7 +832,7 @@ class Trainer:
                         tempered = bool(b.tempered.any())
                         old, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=tempered,
                                                      autocast_dtype=self.autocast_dtype)  # (B, L-1)
-                        self._set_old(b, old, logits, use_pg)
+                        self._set_old(b, old, logits)
 
         updates: list[tuple[dict[str, float], float, float]] = []
         grad_norms: list[float] = []
@@ -863,7 +845,7 @@ class Trainer:
                 lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=True,
                                             autocast_dtype=self.autocast_dtype)  # (B, L-1), (B, L-1, V)
                 if b.old is None:  # one update: this forward is from before it
-                    self._set_old(b, lp, logits, use_pg)
+                    self._set_old(b, lp, logits)
                 loss, s = self._loss(b, lp, logits, denom, use_pg)
                 loss.backward()
                 del logits
