@@ -31,6 +31,7 @@ from typing import Any, Iterator
 
 from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
 from clawloop.store import Store, open_store
+from clawloop.config import Config
 
 
 def turn_to_export(t: Turn) -> dict[str, Any]:
@@ -182,7 +183,7 @@ def parse_sessions(path: str | Path) -> list[tuple[str, list[dict[str, Any]]]]:
     return sessions
 
 
-def import_sessions(cfg: Any, path: str | Path) -> tuple[int, int]:
+def import_sessions(cfg: Config, path: str | Path) -> tuple[int, int]:
     """Validate `path` whole, then write its sessions (closed, last main turn
     final). Returns (sessions, turns). Refuses session ids already stored."""
     from clawloop.config import ConfigError
@@ -249,7 +250,7 @@ def import_sessions(cfg: Any, path: str | Path) -> tuple[int, int]:
     return len(sessions), sum(len(t) for _, t in sessions)
 
 
-def _tokenizer(cfg: Any):
+def _tokenizer(cfg: Config):
     from transformers import AutoTokenizer
 
     if cfg.model.path:

@@ -29,6 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from clawloop.config import Config
+
 log = logging.getLogger(__name__)
 
 
@@ -42,7 +44,7 @@ def loopback_only() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-def connect(cfg: Any) -> dict[str, Any]:
+def connect(cfg: Config) -> dict[str, Any]:
     """ray.init for `cfg.ray.mode`; returns what was done (for the startup line and `close`)."""
     import ray
 
@@ -84,7 +86,7 @@ def _read_address(temp_dir: str) -> str:
 class RayRuntime:
     """The Ray side of `clawloop up --ray`: the connection, the engine router, the trainer group."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: Config):
         self.cfg = cfg
         self.info = connect(cfg)
         self.engine: Any = None

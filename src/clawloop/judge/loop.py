@@ -42,11 +42,12 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any, Callable
 
-from clawloop.config import ConfigError
+from clawloop.config import Config, ConfigError, JudgeConfig
 from clawloop.judge.base import Judge, JudgeUnavailable
 from clawloop.judge.voting import vote_agreement
 from clawloop.naming import judge_name
 from clawloop.records import Judgement, Turn
+from clawloop.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ def _judge_section(cfg: Any) -> Any:
 MODEL_KEYS = "--judge-model / JUDGE_MODEL_PATH / PRM_MODEL_PATH"
 
 
-def make_judge(cfg: Any, engine: Any = None, *, frozen_engine: Callable[[Any], Any] | None = None) -> Judge:
+def make_judge(cfg: Config | JudgeConfig, engine: Any = None, *,
+               frozen_engine: Callable[[Config], Any] | None = None) -> Judge:
     """The judge `cfg` asks for. `engine` is the served engine (`--judge self`); `frozen_engine(cfg)`
     builds the engine of `--judge frozen` (default `local_frozen_engine`; the composition layer passes
     one over judge actors under `--ray ... --judge-workers N`).
@@ -121,7 +123,7 @@ def make_judge(cfg: Any, engine: Any = None, *, frozen_engine: Callable[[Any], A
                     temperature=j.temperature, hints=j.hints, max_tokens=j.max_tokens)
 
 
-def local_frozen_engine(cfg: Any) -> Any:
+def local_frozen_engine(cfg: Config) -> Any:
     """A frozen engine of the served backend (`--judge-model`, a local folder, else the base
     model) that no publish ever reaches: with vLLM a server of its own, one replica, no LoRA."""
     import copy
@@ -140,7 +142,7 @@ def local_frozen_engine(cfg: Any) -> Any:
 class JudgeLoop:
     """Feeder + K workers between the store and a judge; see the module docstring."""
 
-    def __init__(self, store: Any, judge: Judge, cfg: Any, *, retry_base_s: float = RETRY_BASE_S,
+    def __init__(self, store: Store, judge: Judge, cfg: JudgeConfig, *, retry_base_s: float = RETRY_BASE_S,
                  cooldown_base_s: float = COOLDOWN_BASE_S, collapse_window: int = COLLAPSE_WINDOW):
         self.store = store
         self.judge = judge

@@ -69,7 +69,7 @@ from typing import Any
 
 import torch
 
-from clawloop.config import ConfigError
+from clawloop.config import Config, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ def _function_score(fn: Callable[..., Any], case: dict[str, Any], *, two: bool) 
     return score
 
 
-def gate_checks(cfg: Any, model_path: str | Path) -> list[Check] | None:
+def gate_checks(cfg: Config, model_path: str | Path) -> list[Check] | None:
     """What the gate scores under `cfg` (None: the gate is off). Loaded at startup, so a bad file or
     checker stops `clawloop up` before it serves."""
     g = cfg.gate
@@ -354,7 +354,7 @@ class PublishGate:
         self.baseline_s = self.last_snapshot_s = self.last_rollback_s = 0.0
 
     @classmethod
-    def from_config(cls, cfg: Any, checks: list[Check]) -> "PublishGate":
+    def from_config(cls, cfg: Config, checks: list[Check]) -> "PublishGate":
         return cls(checks, cfg.gate.tolerance, batch_size=cfg.gate.batch_size)
 
     @property

@@ -55,8 +55,10 @@ from typing import Any
 
 import torch
 
-from clawloop.engines.base import AcceptsLora, HoldsWeights
+from clawloop.config import Config
+from clawloop.engines.base import AcceptsLora, Engine, HoldsWeights
 from clawloop.records import Sample
+from clawloop.store import Store
 from clawloop.trainer.checkpoint import (
     load_checkpoint,
     load_pending_samples,
@@ -93,7 +95,7 @@ def engine_can_sleep(engine: Any) -> bool:
 
 
 class TrainerLoop:
-    def __init__(self, cfg: Any, trainer: Trainer, store: Any | None, engine: Any | None, judge_name: str,
+    def __init__(self, cfg: Config, trainer: Trainer, store: Store | None, engine: Engine | None, judge_name: str,
                  *, loop: asyncio.AbstractEventLoop | None = None, buffer_source: Any | None = None,
                  gate: PublishGate | None = None):
         self.cfg = cfg
