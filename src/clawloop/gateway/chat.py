@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import Response
 
 from clawloop.engines.base import GenerationRequest, SamplingParams
 from clawloop.gateway.capture import TurnSlot
@@ -88,12 +87,7 @@ async def run_chat(gw: Gateway, request: Request, body: dict[str, Any], tenant: 
     ctx = ChatCompletion(gw, req, f"{rid_prefix}-{uuid.uuid4().hex}", prompt_ids, params, slot,
                          sid or req.prompt_cache_key, turn_type, use_tools, tenant=tenant, t0=t0, deadline=deadline,
                          lease=lease, multimodal=multimodal)
-    if req.stream:
-        # The headers leave before the first token: the version they name is the one at acceptance.
-        return StreamingResponse(ctx.stream(), media_type="text/event-stream",
-                                 headers={"X-Policy-Version": str(ctx.start_version), "Cache-Control": "no-cache"},
-                                 background=BackgroundTask(ctx.close))
-    return await ctx.complete()
+    return await ctx.respond(req.stream)
 
 
 async def render_messages(gw: Gateway, req: ChatRequest, use_tools: bool, max_len: int) -> list[int]:

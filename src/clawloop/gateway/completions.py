@@ -43,8 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import Response
 
 from clawloop.engines.base import GenerationRequest, SamplingParams
 from clawloop.gateway.capture import TurnSlot
@@ -475,8 +474,4 @@ async def serve_completions(gw: Gateway, request: Request) -> Response:
     except BaseException:
         c.close()
         raise
-    if req.stream:
-        return StreamingResponse(c.stream(), media_type="text/event-stream",
-                                 headers={"X-Policy-Version": str(c.start_version), "Cache-Control": "no-cache"},
-                                 background=BackgroundTask(c.close))
-    return await c.complete()
+    return await c.respond(req.stream)

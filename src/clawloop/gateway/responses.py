@@ -375,7 +375,8 @@ class ResponsesAPI:
 
     def response_object(self, rid: str, req: ResponsesRequest, created: float, status: str,
                         output: list[dict[str, Any]], usage: dict[str, Any] | None,
-                        incomplete: dict[str, str] | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+                        incomplete: dict[str, str] | None = None,
+                        error: dict[str, Any] | None = None) -> dict[str, Any]:
         echo = dict(req.echo)
         echo["model"] = echo["model"] or self.gw.cfg.serve.served_model_name
         return {"id": rid, "object": "response", "created_at": created, "status": status, "error": error,

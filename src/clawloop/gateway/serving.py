@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from clawloop.config import api_key_tenants
 from clawloop.engines.base import Engine, EngineUnavailable, GenerationRequest, TokenEvent
@@ -38,6 +39,7 @@ from clawloop.gateway.metrics import Metrics
 from clawloop.gateway.protocol import APIError, parse_json_body
 from clawloop.gateway.render import Detokenizer, TextStream, TokenPieces, image_policy, renderer_for
 from clawloop.records import TURN_MAIN, TURN_SIDE
+from clawloop.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +159,7 @@ class SessionFields(Protocol):
 class Gateway:
     """The state the endpoints share: one per app (`app.state.gateway`)."""
 
-    def __init__(self, cfg: Any, engine: Engine, store: Any | None, *, stats: list[StatsFn] | None = None):
+    def __init__(self, cfg: Any, engine: Engine, store: Store | None, *, stats: list[StatsFn] | None = None):
         self.cfg = cfg
         self.engine = engine
         self.tok = engine.tokenizer
@@ -260,9 +262,8 @@ class Gateway:
         return asyncio.get_running_loop().time() + timeout if timeout > 0 else None
 
     def check_store(self) -> None:
-        """429 while the store's writer is too far behind (stores that can tell)."""
-        overloaded = getattr(self.store, "overloaded", None) if self.capture is not None else None
-        if callable(overloaded) and overloaded():
+        """429 while the store's writer is too far behind."""
+        if self.capture is not None and self.store is not None and self.store.overloaded():
             self.store_refusals += 1
             raise APIError(429, "The server is storing turns slower than they arrive; retry shortly.",
                            code="capture_overloaded", headers={"Retry-After": "2"})
@@ -345,7 +346,8 @@ OnDelta = Callable[[Any, str, int], Awaitable[None]]
 """`(generation, text now safe to show, index of its first id not yet sent)`."""
 
 
-async def generate(engine: Engine, request: GenerationRequest, gen: Generation, on_delta: OnDelta | None = None) -> None:
+async def generate(engine: Engine, request: GenerationRequest, gen: Generation,
+                   on_delta: OnDelta | None = None) -> None:
     """Run one generation to its end (or its stop string), recording each event in `gen`;
     `on_delta` hears each step that has new text or new ids."""
     before = 0
@@ -453,6 +455,15 @@ class InFlight:
                 raise
 
         self.tasks = [asyncio.create_task(produce(s)) for s in self.samples]
+
+    async def respond(self, stream: bool) -> Response:
+        """The reply: a stream of SSE events (`stream`), else the whole body once generated."""
+        if stream:
+            # The headers leave before the first token: the version they name is the one at acceptance.
+            return StreamingResponse(self.stream(), media_type="text/event-stream",
+                                     headers={"X-Policy-Version": str(self.start_version), "Cache-Control": "no-cache"},
+                                     background=BackgroundTask(self.close))
+        return await self.complete()
 
     async def complete(self) -> Response:
         """Generate every sample under the deadline, capture, then the endpoint's `reply`."""
