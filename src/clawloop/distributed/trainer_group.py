@@ -54,7 +54,9 @@ import torch
 from clawloop.engines.base import AcceptsLora, ReadsObjectStore
 from clawloop.losses import step_denominator
 from clawloop.records import Sample
-from clawloop.trainer.core import TeacherSignal, Trainer, split_even
+from clawloop.store import Store
+from clawloop.trainer.batch import TeacherSignal, split_even
+from clawloop.trainer.core import Trainer
 from clawloop.trainer.hints import hint_candidates, longest_hint
 from clawloop.trainer.loop import TrainerLoop
 from clawloop.trainer.metrics import merge_stats
@@ -552,7 +554,7 @@ class RayTrainerLoop(TrainerLoop):
     """`TrainerLoop` over a `TrainerGroup`: the same cursor, batching, publishing and checkpoint
     rules; steps, publishes and checkpoints go through the actors; worker failures recover."""
 
-    def __init__(self, cfg: Any, group: TrainerGroup, store: Any | None, engine: Any | None, judge_name: str,
+    def __init__(self, cfg: Any, group: TrainerGroup, store: Store | None, engine: Any | None, judge_name: str,
                  **kw: Any):
         super().__init__(cfg, group, store, engine, judge_name, **kw)  # type: ignore[arg-type]
         self.group = group

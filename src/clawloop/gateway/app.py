@@ -52,6 +52,7 @@ from clawloop.gateway.dashboard import mount_dashboard
 from clawloop.gateway.protocol import APIError
 from clawloop.gateway.responses import ResponsesAPI
 from clawloop.gateway.serving import Gateway, StatsFn
+from clawloop.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def check_bind(host: str, api_keys: list[str], insecure: bool) -> None:
             "pass --api-key KEY (or OPENCLAW_API_KEY), or --insecure if you really mean it")
 
 
-def create_app(cfg: Any, engine: Engine, store: Any | None = None, *, stats: list[StatsFn] | None = None,
+def create_app(cfg: Any, engine: Engine, store: Store | None = None, *, stats: list[StatsFn] | None = None,
                manage_engine: bool = True, background: list[Callable[[], Any]] | None = None) -> FastAPI:
     """The gateway app. `store=None` serves without capture. With
     `manage_engine` the app starts and stops the engine in its lifespan.

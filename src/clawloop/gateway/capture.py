@@ -241,7 +241,7 @@ class Capture:
                  max_answers: int = 65536, rebuild_sessions: int = 1000, max_closed: int = 100_000,
                  images_dir: str | Path | None = None):
         self.store = store
-        if images_dir is None and getattr(store, "path", None) is not None:
+        if images_dir is None and store.path is not None:
             images_dir = Path(store.path).parent / IMAGES_DIR
         self.images_dir = Path(images_dir) if images_dir is not None else None
         """Where images are written (None: a store without a folder; images are then not kept)."""

@@ -35,8 +35,9 @@ from clawloop.records import Judgement, Turn
 class Store(Protocol):
     """Durable turns, sessions, judgements and trainer cursors (see the module docstring)."""
 
-    path: Path
-    """Where the store lives on this machine; capture keeps request images in a folder beside it."""
+    path: Path | None
+    """The file the store lives in on this machine (capture keeps request images in a folder beside
+    it); None for a store with no local file (a database server), where images are not kept."""
 
     # -- turns and sessions: capture's writes ----------------------------------
     def begin_turn(self, turn: Turn, key: str) -> Future:
