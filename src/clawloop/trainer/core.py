@@ -76,7 +76,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -104,6 +103,7 @@ from clawloop.losses import (
 )
 from clawloop.losses.plugins import custom_loss_inputs
 from clawloop.records import Sample
+from clawloop.trainer.batch import MicroBatch, TeacherSignal, budget_groups, pad_rows, split_even, tensorize
 from clawloop.trainer.device import auto_lr, resolve_train_device
 from clawloop.trainer.hints import hint_candidates, longest_hint, pick_by_overlap, topk_overlap
 from clawloop.trainer.metrics import merge_stats
@@ -140,68 +140,6 @@ def continues_final_message(tokenizer: Any, s: Sample) -> bool:
     return render_prompt(tokenizer, s.messages, s.tools) != prompt
 
 
-@dataclass
-class TeacherSignal:
-    """What the teacher said about one sample's sampled response, given the hinted prompt."""
-
-    logprobs: list[float]
-    """The teacher's logprob of each sampled token, aligned with `Sample.tokens` (0.0 on the prompt)."""
-    topk_ids: torch.Tensor | None = None
-    """(n_response, K) the teacher's K most likely ids at each response position (with distill_topk)."""
-    topk_logprobs: torch.Tensor | None = None
-    """(n_response, K) their logprobs."""
-    top1: list[int] | None = None
-    """The teacher's most likely id at each position, aligned with `Sample.tokens` (-1 on the prompt); with
-    `opd_credit` divergence."""
-
-
-@dataclass
-class _Batch:
-    """One micro-batch as tensors; `old`, `is_w` and `fixed_stats` are filled once old logprobs exist."""
-
-    tokens: torch.Tensor  # (B, L) right-padded
-    attn: torch.Tensor  # (B, L)
-    mask: torch.Tensor  # (B, L-1) loss mask on the *predicted* positions
-    engine_lp: torch.Tensor  # (B, L-1)
-    has_engine_lp: torch.Tensor  # (B,)
-    scores: torch.Tensor  # (B,) RL score after group normalisation, nan where none
-    pre_adv: torch.Tensor  # (B, L-1) precomputed advantages (rollout-buffer groups), 0 where none
-    has_pre: torch.Tensor  # (B,)
-    teacher_lp: torch.Tensor | None  # (B, L-1) nan rows where no teacher
-    topk_ids: torch.Tensor | None  # (B, L-1, K)
-    topk_lp: torch.Tensor | None  # (B, L-1, K)
-    has_topk: torch.Tensor  # (B,)
-    ref_lp: torch.Tensor | None  # (B, L-1)
-    temperature: torch.Tensor  # (B,) sampling temperature (1: the raw distribution)
-    top_p: torch.Tensor  # (B,)
-    rows: int = 0
-    teacher_agrees: torch.Tensor | None = None
-    """(B, L-1) the next token is the teacher's own top-1 (with `opd_credit` divergence)."""
-    ref_logits: torch.Tensor | None = None
-    """(B, L-1, V) the base weights' logits (with `anchor_coef`)."""
-    constrained: torch.Tensor | None = None
-    """(B,) rows sampled under a grammar constraint: their engine logprobs are renormalised over the
-    allowed ids (`sampling.logprobs == "constrained"`), so they exceed the trainer's raw ones by
-    -log(allowed mass). TIS uses them as they are (the weight is that mass: the importance weight of
-    sampling from the masked distribution); the drift metric leaves them out."""
-    old: torch.Tensor | None = None  # (B, L-1) logprobs before the first update
-    is_w: torch.Tensor | None = None  # (B, L-1) TIS weights
-    fixed_stats: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    @property
-    def tempered(self) -> torch.Tensor:
-        """(B,) rows sampled from something other than the raw distribution the engine logprobs describe."""
-        return (self.temperature != 1.0) | (self.top_p < 1.0)
-
-
-def _pad(rows: list[list[Any]], value: Any, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
-    L = max(len(r) for r in rows)
-    out = torch.full((len(rows), L), value, dtype=dtype)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.tensor(r, dtype=dtype)
-    return out if device is None else out.to(device)
-
-
 def _merged_lora_weight(mod: Any, w: torch.Tensor) -> torch.Tensor:
     """`w` + the "default" adapter's delta (scaling x B @ A), a new tensor. A plain LoRA Linear takes
     one addmm; peft's `get_delta_weight` makes two full-size temporaries before the sum, which was
@@ -216,45 +154,8 @@ def _merged_lora_weight(mod: Any, w: torch.Tensor) -> torch.Tensor:
     return w + mod.get_delta_weight("default").to(w.dtype)
 
 
-def _sampling(s: Sample, key: str) -> float:
-    """A sample's sampling parameter; 1.0 (the raw distribution) when it was not recorded."""
-    v = (s.sampling or {}).get(key)
-    return 1.0 if v is None else float(v)
-
-
 def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-
-
-def budget_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Indices grouped so that (longest in group) x (group size) <= budget, shortest first; a
-    sequence longer than the budget gets a group of its own."""
-    budget = max(1, int(budget))
-    groups: list[list[int]] = []
-    cur: list[int] = []
-    longest = 0
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        L = max(longest, lengths[i])
-        if cur and L * (len(cur) + 1) > budget:
-            groups.append(cur)
-            cur, L = [], lengths[i]
-        cur.append(i)
-        longest = L
-    if cur:
-        groups.append(cur)
-    return groups
-
-
-def split_even(n: int, parts: int) -> list[list[int]]:
-    """range(n) cut into min(parts, n) contiguous chunks whose sizes differ by at most one."""
-    parts = max(1, min(parts, n))
-    size, extra = divmod(n, parts)
-    out, start = [], 0
-    for k in range(parts):
-        end = start + size + (1 if k < extra else 0)
-        out.append(list(range(start, end)))
-        start = end
-    return out
 
 
 def newest_version(samples: Sequence[Sample]) -> int:
@@ -524,8 +425,8 @@ class Trainer:
         try:
             with torch.no_grad():
                 for group in budget_groups([len(x) for x in seqs], self.tc.micro_batch_tokens):
-                    tokens = _pad([seqs[i] for i in group], self.pad_id, torch.long, self.device)  # (B, L)
-                    attn = _pad([[1] * len(seqs[i]) for i in group], 0, torch.long, self.device)  # (B, L)
+                    tokens = pad_rows([seqs[i] for i in group], self.pad_id, torch.long, self.device)  # (B, L)
+                    attn = pad_rows([[1] * len(seqs[i]) for i in group], 0, torch.long, self.device)  # (B, L)
                     with _autocast(self.device, self.autocast_dtype):
                         logits = model(input_ids=tokens, attention_mask=attn, use_cache=False).logits  # (B, L, V')
                     for j, i in enumerate(group):
@@ -636,52 +537,14 @@ class Trainer:
                                                                 self.tc.micro_batch_tokens)]
 
     def _tensorize(self, samples: list[Sample], teacher: list[TeacherSignal | None], scores: list[float],
-                   ref: bool) -> _Batch:
-        dev = self.device
-        B = len(samples)
-        tokens = _pad([s.tokens for s in samples], self.pad_id, torch.long, dev)  # (B, L)
-        L = tokens.shape[1]
-        attn = _pad([[1] * len(s.tokens) for s in samples], 0, torch.long, dev)  # (B, L)
-        mask = _pad([s.loss_mask[1:] for s in samples], 0, torch.long, dev)  # (B, L-1)
-        has_engine = torch.tensor([any(x != 0.0 for x in s.rollout_logprobs) for s in samples], device=dev)  # (B,)
-        engine_lp = _pad([s.rollout_logprobs[1:] for s in samples], 0.0, torch.float32, dev)  # (B, L-1)
-        score_t = torch.tensor(scores, dtype=torch.float32, device=dev)  # (B,)
-        has_pre = torch.tensor([s.advantages is not None for s in samples], device=dev)  # (B,)
-        pre_adv = _pad([(s.advantages[1:] if s.advantages is not None else [0.0] * (len(s.tokens) - 1))
-                        for s in samples], 0.0, torch.float32, dev)  # (B, L-1)
-        tl = None
-        if any(t is not None for t in teacher):
-            tl = _pad([(t.logprobs[1:] if t is not None else [float("nan")] * (len(s.tokens) - 1))
-                       for s, t in zip(samples, teacher)], float("nan"), torch.float32, dev)  # (B, L-1)
-        topk_ids = topk_lp = None
-        has_topk = torch.tensor([t is not None and t.topk_ids is not None for t in teacher], device=dev)  # (B,)
-        if bool(has_topk.any()):
-            K = next(t.topk_ids.shape[-1] for t in teacher if t is not None and t.topk_ids is not None)
-            topk_ids = torch.zeros((B, L - 1, K), dtype=torch.long, device=dev)  # (B, L-1, K)
-            topk_lp = torch.full((B, L - 1, K), -math.log(K + 1), dtype=torch.float32, device=dev)  # (B, L-1, K)
-            for b, (s, t) in enumerate(zip(samples, teacher)):
-                if t is not None and t.topk_ids is not None:
-                    a, n = s.prompt_len - 1, t.topk_ids.shape[0]  # position a predicts the first response token
-                    topk_ids[b, a:a + n] = t.topk_ids.to(dev)
-                    topk_lp[b, a:a + n] = t.topk_logprobs.to(dev)
-        agrees = None
-        if any(t is not None and t.top1 is not None for t in teacher):
-            top1 = _pad([(t.top1[1:] if t is not None and t.top1 is not None else [-1] * (len(s.tokens) - 1))
-                         for s, t in zip(samples, teacher)], -1, torch.long, dev)  # (B, L-1)
-            agrees = top1 == tokens[:, 1:]  # (B, L-1)
-        ref_lp = ref_logits = None
+                   ref: bool) -> MicroBatch:
+        """`batch.tensorize`, plus the base weights' logprobs (`ref`: for the KL) and logits (for the anchor)."""
+        b = tensorize(samples, teacher, scores, pad_id=self.pad_id, device=self.device)
         if ref or self.anchors:
             with self.frozen_model() as base:
-                ref_lp, ref_logits = self._eval_logprobs(base, tokens, attn, want_logits=self.anchors)
-            if not ref:
-                ref_lp = None
-        temps = torch.tensor([_sampling(s, "temperature") for s in samples], device=dev)  # (B,)
-        top_p = torch.tensor([_sampling(s, "top_p") for s in samples], device=dev)  # (B,)
-        constrained = torch.tensor([(s.sampling or {}).get("logprobs") == "constrained" for s in samples],
-                                   device=dev)  # (B,)
-        return _Batch(tokens, attn, mask, engine_lp, has_engine, score_t, pre_adv, has_pre, tl, topk_ids, topk_lp,
-                      has_topk, ref_lp, temps, top_p, rows=B, constrained=constrained, teacher_agrees=agrees,
-                      ref_logits=ref_logits)
+                ref_lp, b.ref_logits = self._eval_logprobs(base, b.tokens, b.attn, want_logits=self.anchors)
+            b.ref_lp = ref_lp if ref else None
+        return b
 
     def _eval_logprobs(self, model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor,
                        want_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -712,7 +575,7 @@ class Trainer:
         return out, masked, dropped
 
     # -- old logprobs, objective, loss -----------------------------------------
-    def _set_old(self, b: _Batch, old: torch.Tensor, logits: torch.Tensor | None) -> None:
+    def _set_old(self, b: MicroBatch, old: torch.Tensor, logits: torch.Tensor | None) -> None:
         """Fill the batch's old logprobs (B, L-1) and TIS weights: what every update reuses."""
         t = self.tc
         old = old.detach()
@@ -732,7 +595,7 @@ class Trainer:
         b.fixed_stats = dict(tis_stats)
         b.old = old
 
-    def _objective(self, b: _Batch, lp: torch.Tensor, logits: torch.Tensor, denom: float,
+    def _objective(self, b: MicroBatch, lp: torch.Tensor, logits: torch.Tensor, denom: float,
                    use_pg: bool) -> tuple[torch.Tensor, dict[str, float]]:
         """The method's objective on one micro-batch: one pure function per method (`losses/__init__.py`
         has the table), each building its own advantages from the batch's signals. A custom loss stands in
@@ -757,7 +620,7 @@ class Trainer:
             return opd_loss(lp, b.old, b.teacher_lp, b.mask, **opd, **pre, **pg)
         return combine_loss(lp, b.old, b.scores, b.teacher_lp, b.mask, w_rl=t.w_rl, **opd, **pre, **pg)
 
-    def _loss(self, b: _Batch, lp: torch.Tensor, logits: torch.Tensor, denom: float,
+    def _loss(self, b: MicroBatch, lp: torch.Tensor, logits: torch.Tensor, denom: float,
               use_pg: bool) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's share of the update's loss, and its stats: the objective, then the regularisers."""
         t = self.tc
