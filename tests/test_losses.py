@@ -596,7 +596,8 @@ def test_tis_weights_by_hand():
     assert stats["train/logprob_diff_abs_max"] == pytest.approx(1.0)
     # off: all ones, drift still measured
     w, stats = tis_weights(old, engine, mask, cap=None)
-    assert torch.equal(w, torch.ones_like(w)) and stats["train/logprob_diff_abs_mean"] == pytest.approx(0.833333, abs=1e-6)
+    assert torch.equal(w, torch.ones_like(w))
+    assert stats["train/logprob_diff_abs_mean"] == pytest.approx(0.833333, abs=1e-6)
     assert logprob_diff_stats(old, old, mask)["train/logprob_diff_abs_mean"] == 0.0
 
 

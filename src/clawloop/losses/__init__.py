@@ -2,12 +2,12 @@
 
 The trainer (`trainer/core.py`, `Trainer._objective`) calls exactly one objective per micro-batch:
 
-    --method binary                          binary.py    binary_rl_loss   judge score as every response token's advantage
-    --method opd     --opd-target advantage  opd.py       opd_loss         teacher - old logprob as a per-token advantage
+    --method binary                          binary.py    binary_rl_loss   judge score on every response token
+    --method opd     --opd-target advantage  opd.py       opd_loss         teacher - old logprob per token
     --method combine --opd-target advantage  combine.py   combine_loss     w_rl * score + w_opd * (teacher - old)
-    --method opd / combine, topk | nucleus   distill.py   distill_loss     w_opd * top-K KL (topk.py) or nucleus mass
-                                                                           (nucleus.py), + binary_rl_loss for scores
-    --custom-loss-function-path              plugins.py   load_custom_loss stands in for ppo_clip_loss in any of them
+    --method opd / combine, topk | nucleus   distill.py   distill_loss     w_opd * top-K KL (topk.py) or nucleus
+                                                                           mass (nucleus.py), + binary_rl_loss
+    --custom-loss-function-path              plugins.py   load_custom_loss stands in for ppo_clip_loss in each
 
 and adds the regularisers itself: kl.py (anchor_kl_loss on credit.anchor_positions, kl_loss, entropy_bonus).
 
