@@ -45,7 +45,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clawloop.config import ConfigError
-from clawloop.engines.base import Engine
+from clawloop.engines.base import Engine, ReportsHealth
 from clawloop.gateway.chat import serve_chat
 from clawloop.gateway.completions import serve_completions
 from clawloop.gateway.dashboard import mount_dashboard
@@ -170,7 +170,7 @@ def create_app(cfg: Any, engine: Engine, store: Store | None = None, *, stats: l
     @app.get("/health")
     async def health() -> JSONResponse:
         body: dict[str, Any] = {"status": "ok", "policy_version": engine.policy_version, "inflight": gw.inflight}
-        if hasattr(engine, "health"):  # engines with replicas: each one's state; degraded when one is down
+        if isinstance(engine, ReportsHealth):  # engines with replicas: each one's state; degraded when one is down
             body.update(engine.health())
             body["policy_version"] = engine.policy_version
         gate = {k[len("gate/"):]: v for k, v in gw.all_stats().items() if k.startswith("gate/")}

@@ -103,6 +103,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from clawloop.engines.base import ReportsHealth
 from clawloop.gateway.protocol import APIError, parse_json_body
 from clawloop.naming import judge_name
 from clawloop.records import TURN_MAIN, Judgement, Turn
@@ -452,7 +453,7 @@ def mount_dashboard(app: FastAPI, gw: Any) -> Callable[[], Awaitable[None]]:
         stats = gw.all_stats()
         fig = serving_figures(gw)
         health: dict[str, Any] = {"status": "ok"}
-        if hasattr(engine, "health"):
+        if isinstance(engine, ReportsHealth):
             health.update(engine.health())
         return JSONResponse({
             "now": time.time(), "started_at": gw.started_at, "model": cfg.serve.served_model_name,
