@@ -1,8 +1,9 @@
-"""Read-only views of the SQLite store for the dashboard and `stats`: pages of sessions (per tenant),
-the verdicts on a page of turns, verdict counts per time bucket, and the store's totals.
+"""Read-only views of the SQLite store: pages of sessions (per tenant), the verdicts on a page of
+turns, verdict counts per time bucket, and the store's totals.
 
-Nothing here writes; the gateway's dashboard (`gateway/dashboard.py`) and `clawloop status` read
-through these while capture, the judge and the trainer write beside them.
+Nothing here writes; the gateway's dashboard (`gateway/dashboard.py`) pages through these, and
+`stats()` counts what `clawloop export` will write, while capture, the judge and the trainer write
+beside them.
 """
 
 from __future__ import annotations

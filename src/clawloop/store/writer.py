@@ -86,6 +86,7 @@ def _resolve(fut: Future, result: Any) -> None:
     except InvalidStateError:
         pass
 
+
 class SQLiteBase:
     """One SQLite file and the one thread that writes it; the concerns (`turns.py`, `judgements.py`,
     `browse.py`) add their ops and queries on top and `SQLiteStore` puts them together (its
