@@ -12,9 +12,9 @@ import torch
 from clawloop.config import ConfigError
 from clawloop.records import Sample
 from clawloop.trainer.device import resolve_train_device
-from conftest import make_cfg
+from conftest import make_cfg, needs_part
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+needs_cuda = needs_part("gpu", not torch.cuda.is_available() and "torch sees no CUDA device")
 
 
 def fake_cuda(monkeypatch, count: int) -> None:
@@ -74,7 +74,7 @@ def test_bad_devices_are_config_errors(monkeypatch, device, gpus, count, match):
 
 
 def test_trainer_and_build_loop_resolve_from_config(random_model_dir, tmp_path, monkeypatch):
-    import clawloop.trainer as trainer_pkg
+    import clawloop.apps.train as train_app
     from clawloop.naming import open_store
     from clawloop.trainer import Trainer
 
@@ -86,11 +86,11 @@ def test_trainer_and_build_loop_resolve_from_config(random_model_dir, tmp_path, 
         asked.append((device, list(gpus)))
         return torch.device("cpu")
 
-    monkeypatch.setattr(trainer_pkg, "resolve_train_device", spy)
+    monkeypatch.setattr(train_app, "resolve_train_device", spy)
     cfg = make_cfg(random_model_dir, tmp_path, train__device="cuda:1", train__train_gpus="1,2")
     store = open_store(cfg)
     try:
-        tl = trainer_pkg.build_loop(cfg, None, store)
+        tl = train_app.build_loop(cfg, None, store)
     finally:
         store.close()
     assert asked == [("cuda:1", ["1", "2"])] and tl.trainer.device == torch.device("cpu")
@@ -210,7 +210,8 @@ def test_step_on_cuda(random_model_dir, tmp_path, lora):
     t = Trainer(make_cfg(random_model_dir, tmp_path, **flags), str(random_model_dir))
     assert t.device.type == "cuda" and t.autocast_dtype == torch.bfloat16
     assert all(p.device.type == "cuda" for p in t.model.parameters())
-    assert all(p.device.type == "cuda" for p in t.frozen.parameters())
+    with t.frozen_model() as base:  # the copy under full fine-tuning; under LoRA the model, adapter off
+        assert all(p.device.type == "cuda" for p in base.parameters())
     assert all(p.dtype == torch.float32 for p in t.params)
     seen = []
 
@@ -223,7 +224,9 @@ def test_step_on_cuda(random_model_dir, tmp_path, lora):
     stats = t.step(samples_for(t, hint="Answer with just the number."))
     assert seen and all(d == torch.bfloat16 and on for d, on in seen)
     assert torch.isfinite(torch.tensor(stats["train/pg_loss"])) and stats["train/tokens"] > 0
-    assert stats["train/combine_opd_frac"] == 1.0
+    # combine's OPD term is the top-K distillation (--opd-target topk, the default), not an advantage
+    assert stats["train/combine_rl_frac"] == 1.0 and stats["train/topk_teacher_mass"] > 0
+    assert torch.isfinite(torch.tensor(stats["train/topk_loss"]))
     assert all(torch.isfinite(torch.tensor(stats[k])) for k in ("train/kl_loss", "train/entropy"))
     after = trainable(t)
     assert sum(float((after[k] - before[k]).abs().sum()) for k in after) > 0

@@ -342,7 +342,7 @@ function renderCharts() {
     chart("Train loss (per step)", { series: [line("loss", perStep("train/loss"), 0, { dots: true }), line("pg loss", perStep("train/pg_loss"), 1, { dots: true })] },
       "no training step yet"),
     chart("Advantages and rewards", { series: [line("score mean", perStep("train/score_mean"), 2, { dots: true }),
-      line("combine adv", perStep("train/combine_adv_mean"), 0, { dots: true }), line("opd adv", perStep("train/opd_adv_mean"), 3, { dots: true }),
+      line("combine adv", perStep("train/combine_adv_mean"), 0, { dots: true }),
       line("judge reward (window)", raw("judge/window_reward_mean"), 5, { dash: true })], zero: true }, "no judge or trainer figures yet"),
     chart("Drift: KL to the base weights and entropy (per step)", { series: [line("KL to base", perStep("train/kl"), 4, { dots: true }),
       line("entropy", perStep("train/entropy"), 1, { dots: true }), line("anchor KL", perStep("train/anchor_kl"), 2, { dots: true })], zero: true },

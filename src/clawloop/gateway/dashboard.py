@@ -132,7 +132,7 @@ HISTORY_KEYS = (
     "judge/judged", "judge/pending", "judge/score_pos", "judge/score_zero", "judge/score_neg",
     "judge/window_reward_mean",
     "train/steps", "train/loss", "train/pg_loss", "train/score_mean", "train/combine_adv_mean",
-    "train/opd_adv_mean", "train/zero_adv_frac", "train/grad_norm", "train/pending_samples",
+    "train/zero_adv_frac", "train/grad_norm", "train/pending_samples",
     "train/skipped_no_signal", "train/stale_dropped", "train/publishes", "train/publish_failures",
     "train/last_publish_s", "engine/last_publish_s", "train/kl", "train/entropy", "train/anchor_kl",
 )
