@@ -214,3 +214,30 @@ def test_train_service_steps_and_exit_when_idle(random_model_dir, tmp_path, caps
     assert "trained 2 step(s) this run" in out and "resumed from" in out and "trained 1 step(s) this run" in out
     assert "4 waiting for a batch" in out
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000003"
+
+
+def test_train_names_the_judge_flag_when_the_store_was_judged_under_another_name(tmp_path, capsys):
+    """`clawloop judge --custom-rm-path X` then `clawloop train` without it: the trainer reads the verdicts
+    of `offline`, finds none, and says so naming the flag, instead of waiting silently."""
+    from conftest import make_cfg
+
+    from clawloop.apps.train import warn_if_judged_elsewhere
+    from clawloop.records import Judgement, Turn
+    from clawloop.naming import open_store
+
+    cfg = make_cfg("unused-model", tmp_path)
+    store = open_store(cfg)
+    try:
+        assert warn_if_judged_elsewhere(cfg, store) == ""  # nothing judged yet: nothing to say
+        tid = store.add_turn(Turn(session_id="s", index=0, type="main", prompt_ids=[1], response_ids=[2],
+                                  response_logprobs=[-0.1], policy_version=0)).result()
+        store.save_judgement(Judgement(turn_id=tid, judge="custom:rm.py:reward", score=1)).result()
+        store.flush()
+        assert store.judge_names() == {"custom:rm.py:reward"}
+        msg = warn_if_judged_elsewhere(cfg, store)
+        assert "--custom-rm-path rm.py:reward" in msg and "'offline'" in msg
+        assert "--custom-rm-path rm.py:reward" in capsys.readouterr().out
+        cfg.judge.custom_rm_path = "rm.py:reward"  # the right judge: silent
+        assert warn_if_judged_elsewhere(cfg, store) == ""
+    finally:
+        store.close()

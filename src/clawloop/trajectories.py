@@ -194,9 +194,9 @@ def import_sessions(cfg: Config, path: str | Path) -> tuple[int, int]:
         raise ConfigError(f"--file: no such file {path!r}") from None
     except ImportError_ as e:
         raise ConfigError(str(e)) from None
-    from clawloop.naming import open_store
+    from clawloop.naming import open_store as open_data_dir_store  # the store of cfg.data_dir (created)
 
-    store = open_store(cfg)
+    store = open_data_dir_store(cfg)
     tok = None
     retokenized = 0
     try:

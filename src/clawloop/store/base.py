@@ -116,6 +116,10 @@ class Store(Protocol):
         """`judge`'s verdict on a turn; None when it has none."""
         ...
 
+    def judge_names(self) -> set[str]:
+        """The names verdicts are stored under (a trainer reading another name would find nothing)."""
+        ...
+
     def judged_turns(self, judge: str, after_id: int, limit: int) -> list[tuple[int, Turn, Judgement]]:
         """(judgement row id, turn, verdict) of `judge` with row id > after_id, in row id order."""
         ...

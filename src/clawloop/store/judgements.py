@@ -71,6 +71,9 @@ class JudgementRows(SQLiteBase):
         ).fetchone()
         return row_to_judgement(r) if r else None
 
+    def judge_names(self) -> set[str]:
+        return {r[0] for r in self._reader().execute("SELECT DISTINCT judge FROM judgements")}
+
     def judged_turns(self, judge: str, after_id: int, limit: int) -> list[tuple[int, Turn, Judgement]]:
         """(judgement row id, turn, judgement) with judgement id > after_id, in order.
 
