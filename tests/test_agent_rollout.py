@@ -10,12 +10,12 @@ import time
 import httpx
 import pytest
 
-from conftest import Gateway, make_cfg
+from conftest import Gateway, make_cfg, needs_part
 
 from clawloop.envs.sandbox import probe
 
-pytestmark = pytest.mark.skipif(probe("bwrap") is not None and probe("unshare") is not None,
-                                reason=f"no sandbox here: {probe('bwrap')}; {probe('unshare')}")
+pytestmark = needs_part("sandbox", probe("bwrap") and probe("unshare")
+                        and f"no sandbox level runs here: {probe('bwrap')}; {probe('unshare')}")
 
 CALC_TOOLS = {"tools": [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import Gateway, ServerThread, make_cfg
+from conftest import Gateway, ServerThread, make_cfg, needs_part
 from clawloop.gateway import dashboard
 from clawloop.judge import OfflineJudge
 
@@ -305,8 +305,8 @@ class Chromium:
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium; "
-                                              "`make sysdeps` as root)")
+@needs_part("browser", CHROMIUM is None and "chromium is not on PATH (Debian: apt-get install chromium; "
+                                             "`make sysdeps` as root)")
 def test_the_page_in_a_real_browser(random_model_dir, tmp_path, monkeypatch):
     """`clawloop up`'s parts in this process (own engine: it trains and publishes) with users talking."""
     from clawloop.engines.hf import HFEngine
@@ -363,7 +363,7 @@ def test_the_page_in_a_real_browser(random_model_dir, tmp_path, monkeypatch):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+@needs_part("browser", CHROMIUM is None and "chromium is not on PATH")
 def test_the_page_asks_for_a_key(make_gateway, tmp_path):
     g = make_gateway(serve__api_keys=["alice=sk-a"])
     dom = Chromium(tmp_path).dom(g.url + "/")

@@ -12,12 +12,12 @@ import time
 import httpx
 import pytest
 
-from conftest import free_port, run_cli
+from conftest import free_port, needs_part, run_cli
 
 from clawloop.envs.sandbox import probe
 
-pytestmark = pytest.mark.skipif(probe("bwrap") is not None and probe("unshare") is not None,
-                                reason=f"no sandbox here: {probe('bwrap')}; {probe('unshare')}")
+pytestmark = needs_part("sandbox", probe("bwrap") and probe("unshare")
+                        and f"no sandbox level runs here: {probe('bwrap')}; {probe('unshare')}")
 
 
 def test_env_check_toolcall(tmp_path):

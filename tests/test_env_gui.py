@@ -14,12 +14,14 @@ import time
 
 import pytest
 
+from conftest import needs_part
+
 from clawloop.envs import gui
 from clawloop.envs.base import NOOP_MESSAGE, EnvOptions, assistant_tool_call, get_track
 
 pytestmark = pytest.mark.browser  # `make test-browser`
 WHY = {b: gui.missing_requirements(b) for b in gui.BACKENDS}
-needs = {b: pytest.mark.skipif(bool(WHY[b]), reason=f"gui track with {b} cannot run here: {WHY[b]}")
+needs = {b: needs_part("browser", WHY[b] and f"gui track with {b} cannot run here: {WHY[b]}")
          for b in gui.BACKENDS}
 BOTH = [pytest.param(b, marks=needs[b]) for b in gui.BACKENDS]
 FEW = ["choose-list", "click-checkboxes", "click-collapsible-nodelay", "enter-text", "use-autocomplete"]
@@ -51,7 +53,7 @@ def alive(pid: int) -> bool:
 
 # ---- without a browser ----------------------------------------------------------------------------------------
 
-@pytest.mark.skipif(bool(WHY["playwright"]) and "miniwob" in WHY["playwright"], reason="miniwob is not installed")
+@needs_part("browser", "miniwob" in WHY["playwright"] and "miniwob is not installed")
 def test_tasks_solvers_and_options():
     from clawloop.envs.gui.solvers import SOLVERS
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import needs_part
+
 from clawloop.envs import sandbox as sb
 from clawloop.envs.base import NOOP_MESSAGE, EnvOptions, get_track
 from clawloop.envs.check import check_task, play
@@ -22,8 +24,8 @@ from clawloop.envs.swe import repos as swe_repos
 from clawloop.envs.swe import suite as swe_suite
 from clawloop.envs.swe import tasks as swe_tasks
 
-if sb.probe("bwrap") and sb.probe("unshare"):
-    pytest.skip(f"no sandbox on this machine: {sb.probe('bwrap')}; {sb.probe('unshare')}", allow_module_level=True)
+pytestmark = needs_part("sandbox", sb.probe("bwrap") and sb.probe("unshare")
+                        and f"no sandbox level runs here: {sb.probe('bwrap')}; {sb.probe('unshare')}")
 
 TRACK = get_track("swe")
 REPOS = sorted(p for p in swe_repos.REPOS_DIR.iterdir() if p.is_dir())

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import needs_part
+
 from clawloop.envs.base import NOOP_MESSAGE, EnvOptions, assistant_tool_call, get_track
 from clawloop.envs.sandbox import probe
 from clawloop.envs.terminal import REQUIRED, SHIPPED, TRACK
 
 _WHY = [probe("bwrap"), probe("unshare")]
-pytestmark = pytest.mark.skipif(all(_WHY), reason=f"no sandbox here: bwrap: {_WHY[0]}; unshare: {_WHY[1]}")
+pytestmark = needs_part("sandbox", all(_WHY) and f"no sandbox level runs here: bwrap: {_WHY[0]}; unshare: {_WHY[1]}")
 
 RUN_TESTS = 'python3 -P -m clawloop.envs.testrun "$TEST_DIR/test_outputs.py" --json "$TEST_DIR/results.json"\n'
 SLOT = 700  # sandbox users of their own: other test files use the low slots

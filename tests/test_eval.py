@@ -13,7 +13,7 @@ import pytest
 from clawloop.eval import _jsonl, check_code, extract_code
 from clawloop.eval import main as eval_main
 from clawloop.users import PERSONAS, WRONG, RuleRater, RuleUser, parse_score, personas_from
-from tests.conftest import run_cli
+from tests.conftest import require_or_skip, run_cli
 
 
 def test_parse_score_reads_score_lines_and_rejects_what_is_not_a_0_to_10_score():
@@ -56,7 +56,7 @@ def test_coding_check_runs_the_asserts_in_the_sandbox():
     try:
         choose_level("auto")
     except SandboxUnavailable as e:
-        pytest.skip(f"no sandbox level works here: {e}")
+        require_or_skip("sandbox", f"no sandbox level works here: {e}")
     rows = _jsonl("data/eval_coding.jsonl")
     assert len(rows) == 20 and len({r["task_id"] for r in rows}) == 20
     work = Path(__import__("tempfile").mkdtemp(prefix="clawloop-test-coding-"))

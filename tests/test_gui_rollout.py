@@ -10,13 +10,13 @@ import json
 
 import pytest
 
-from conftest import Gateway, make_cfg
+from conftest import Gateway, make_cfg, needs_part
 from test_agent_rollout import _rollout
 
 from clawloop.envs import gui
 
 WHY = gui.missing_requirements("playwright")
-pytestmark = [pytest.mark.browser, pytest.mark.skipif(bool(WHY), reason=f"gui track cannot run here: {WHY}")]
+pytestmark = [pytest.mark.browser, needs_part("browser", WHY and f"gui track cannot run here: {WHY}")]
 
 
 @pytest.fixture

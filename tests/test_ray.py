@@ -29,10 +29,10 @@ import time
 import httpx
 import pytest
 
-from conftest import ServerThread, make_cfg
+from conftest import ServerThread, make_cfg, needs_part, require_or_skip
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
-needs_ray = [pytest.mark.ray, pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (pip install clawloop[ray])")]
+needs_ray = [pytest.mark.ray, needs_part("ray", not HAVE_RAY and "ray is not installed (pip install clawloop[ray])")]
 
 
 def _mark(*marks):
@@ -85,8 +85,7 @@ def test_ray_config_is_validated_with_the_key_named(random_model_dir, tmp_path):
 # -- the cluster ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster(random_model_dir, tmp_path_factory):
-    if not HAVE_RAY:
-        pytest.skip("ray is not installed")
+    require_or_skip("ray", not HAVE_RAY and "ray is not installed")
     import ray
 
     from clawloop.distributed.ray_runtime import connect

@@ -28,10 +28,10 @@ import time
 import httpx
 import pytest
 
-from conftest import ServerThread, free_port
+from conftest import ServerThread, free_port, needs_part, require_or_skip
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
-needs_ray = [pytest.mark.ray, pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (pip install clawloop[ray])")]
+needs_ray = [pytest.mark.ray, needs_part("ray", not HAVE_RAY and "ray is not installed (pip install clawloop[ray])")]
 
 CALC_TOOLS = {"tools": [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",
@@ -190,8 +190,7 @@ def test_buffer_with_ray_env_workers_leases_from_both_pools(tmp_path):
 # -- (c) one local cluster ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def env_pools(tmp_path_factory):
-    if not HAVE_RAY:
-        pytest.skip("ray is not installed")
+    require_or_skip("ray", not HAVE_RAY and "ray is not installed")
     import ray
 
     from clawloop.config import load_config

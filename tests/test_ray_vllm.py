@@ -18,10 +18,9 @@ import time
 import httpx
 import pytest
 
-from conftest import ServerThread, make_cfg
+from conftest import ServerThread, make_cfg, needs_part, require_or_skip
 
-pytestmark = [pytest.mark.vllm,
-              pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")]
+pytestmark = [pytest.mark.vllm, needs_part("ray", importlib.util.find_spec("ray") is None and "ray is not installed")]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,7 @@ def up(random_model_dir, tmp_path_factory):
     try:
         find_vllm_python(os.environ.get("VLLM_PYTHON", ""))
     except VLLMNotInstalled as e:
-        pytest.skip(f"no vLLM environment: {e}")
+        require_or_skip("vllm", f"no vLLM environment: {e}")
     temp = tempfile.mkdtemp(prefix="clawloop-rayvllm-", dir="/tmp")
     data = tmp_path_factory.mktemp("ray-vllm") / "data"
     cfg = make_cfg(random_model_dir, data, model__backend="vllm", model__max_model_len="512",

@@ -8,9 +8,11 @@ import time
 
 import pytest
 
+from conftest import needs_part
+
 from clawloop.envs.sandbox import Limits, Sandbox, SandboxUnavailable, choose_level, probe
 
-LEVELS = [pytest.param(lv, marks=pytest.mark.skipif(probe(lv) is not None, reason=f"{lv}: {probe(lv)}"))
+LEVELS = [pytest.param(lv, marks=needs_part("sandbox", probe(lv) and f"{lv}: {probe(lv)}"))
           for lv in ("bwrap", "unshare")]
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ServerThread, free_port, make_cfg, run_cli
+from conftest import ServerThread, free_port, make_cfg, require_or_skip, run_cli
 from test_tools import Q, TOOLS, tool_model_dir  # noqa: F401  (module fixture: the tool-call model)
 
 pytestmark = pytest.mark.vllm
@@ -36,7 +36,7 @@ def _vllm_python() -> Path:
     try:
         return find_vllm_python(os.environ.get("VLLM_PYTHON", ""))
     except VLLMNotInstalled as e:
-        pytest.skip(f"no vLLM environment: {e}")
+        require_or_skip("vllm", f"no vLLM environment: {e}")
 
 
 class _LoopHandle:
