@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -173,8 +174,6 @@ def get_track(name: str) -> Track:
 def tool_calls_of(message: dict[str, Any]) -> list[dict[str, Any]]:
     """The message's tool calls as [{"id", "name", "arguments": dict | None, "raw": str}]; arguments
     that are not a JSON object come back as None (the env answers with an error the agent can read)."""
-    import json
-
     out = []
     for i, call in enumerate(message.get("tool_calls") or []):
         fn = call.get("function") or {}
@@ -202,8 +201,6 @@ def tool_message(call_id: str, content: str) -> dict[str, Any]:
 def assistant_tool_call(name: str, arguments: dict[str, Any], call_id: str = "call_0",
                         content: str = "") -> dict[str, Any]:
     """An assistant message making one tool call (how oracles are written)."""
-    import json
-
     return {"role": "assistant", "content": content,
             "tool_calls": [{"id": call_id, "type": "function",
                             "function": {"name": name, "arguments": json.dumps(arguments)}}]}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clawloop.envs.base import NOOP_MESSAGE, EnvOptions, Task, Track, get_track
+from clawloop.progress import Progress
 
 
 @dataclass
@@ -99,8 +100,6 @@ def run_check(track_name: str, opts: EnvOptions, *, task_ids: list[str] | None =
         if missing:
             raise ValueError(f"--tasks: no such {track_name} task(s): {', '.join(missing)}")
         tasks = [known[t] for t in dict.fromkeys(task_ids)]
-    from clawloop.progress import Progress
-
     results: list[TaskCheck] = []
     with Progress(len(tasks), f"env check {track_name}", out=sys.stderr) as bar, \
             ThreadPoolExecutor(max(1, parallel)) as ex:

@@ -40,6 +40,8 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
+import httpx
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -315,8 +317,6 @@ class HTTPPool:
     """The pool API over HTTP, with EnvPool's method names (what a generator uses for a remote pool)."""
 
     def __init__(self, url: str, timeout_s: float = 900.0, retries: int = 3, connect_timeout_s: float = 10.0):
-        import httpx
-
         self.url = url.rstrip("/")
         # env calls may run for minutes, but a server that does not even accept the connection
         # (its node gone) must fail fast so a SpreadPool can move on
@@ -324,8 +324,6 @@ class HTTPPool:
         self.retries = retries
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        import httpx
-
         for attempt in range(self.retries + 1):
             try:
                 r = self.client.post(self.url + path, json=body)
@@ -463,8 +461,6 @@ class SpreadPool:
 
     def task_ids(self) -> list[str]:
         """The track's task ids, from the first server that answers (all serve the same track)."""
-        import httpx
-
         errors = []
         for p in self.pools:
             try:
@@ -475,8 +471,6 @@ class SpreadPool:
 
     def status(self) -> dict[str, Any]:
         """Every server's /status (or its error), and the totals of the ones that answered."""
-        import httpx
-
         pools: list[dict[str, Any]] = []
         for p, mine in zip(self.pools, self._open):
             try:
@@ -505,8 +499,6 @@ def connect_pool(url: str | None, track: str, opts: EnvOptions, capacity: int) -
 
 def run_pool_server(track: str, opts: EnvOptions, *, host: str, port: int, capacity: int,
                     lease_ttl_s: float) -> None:
-    import uvicorn
-
     pool = EnvPool(track, opts, capacity=capacity, lease_ttl_s=lease_ttl_s)
     n = len(pool.task_ids())
     log.info("env pool: track %s, %d task(s), capacity %d, sandbox %s, on http://%s:%d", track, n, capacity,

@@ -24,6 +24,9 @@ import re
 import threading
 from typing import Any
 
+from clawloop.judge.base import text_of
+from clawloop.judge.llm import EngineChatBackend, HTTPChatBackend, LLMJudge
+from clawloop.judge.offline import find_error
 from clawloop.records import Turn
 
 _RC = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
@@ -31,8 +34,6 @@ PRM_KINDS = ("none", "offline", "self", "url", "frozen")
 
 
 def _obs_text(observation: list[dict[str, Any]]) -> str:
-    from clawloop.judge.base import text_of
-
     return "\n".join(text_of(m.get("content")) for m in observation)
 
 
@@ -40,7 +41,6 @@ def offline_step_score(assistant: dict[str, Any], observation: list[dict[str, An
     """-1 for an observation that reports an error, +1 for one that ran cleanly, 0 without one."""
     if not observation:
         return 0
-    from clawloop.judge.offline import find_error
 
     text = _obs_text(observation)
     if info.get("error") or info.get("format_error") or info.get("timed_out"):
@@ -81,7 +81,6 @@ class StepPRM:
         coef = float(data.get("prm_step_coef", 1.0))
         if kind == "offline":
             return cls(kind, track=track, votes=1, coef=coef)
-        from clawloop.judge.llm import EngineChatBackend, HTTPChatBackend, LLMJudge
 
         timeout = float(data.get("prm_timeout_s", 120))
         if kind == "url":
@@ -95,6 +94,7 @@ class StepPRM:
             backend = HTTPChatBackend(engine_url, str(data.get("model") or ""), str(key), timeout)
             name = "prm:self"
         else:  # frozen
+            # lazy: the frozen PRM's engine loads torch and transformers, which no other kind needs
             from clawloop.engines.hf import HFEngine
 
             path = str(data.get("prm_model") or "")

@@ -42,6 +42,7 @@ and any failure (gateway down, environment crash) ends it with the reason in
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 import tempfile
@@ -206,8 +207,6 @@ class AgentRollout(GatewayClient):
         """Write one observation's PNG beside the item (`artifact_dir/<episode>/<name>.png`); its path."""
         if not b64:
             return None
-        import base64
-
         folder = self.artifact_dir / episode
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{name}.png"

@@ -41,11 +41,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import clawloop
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +101,6 @@ def _is_root() -> bool:
 def _python_roots() -> list[str]:
     """Folders the sandboxed Python needs read-only: the interpreter, the venv, clawloop's source."""
     roots = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    import clawloop
-
     roots.add(str(Path(clawloop.__file__).resolve().parent.parent))  # src/ of an editable install
     return sorted(r for r in roots if r and os.path.isdir(r))
 
@@ -144,8 +145,6 @@ def _hidden(extra: list[str | os.PathLike[str]]) -> list[str]:
     """Folders to cover with an empty tmpfs under bwrap: clawloop's data (shipped tasks with their
     solutions and tests, SWE gold patches) plus `extra`; only those inside what bwrap binds
     (it cannot make a mount point in a folder it did not bind), outermost only."""
-    import clawloop
-
     visible = [Path(r) for r in _python_roots()] + [Path("/usr"), Path("/etc"), Path("/opt")]
     want = [Path(clawloop.__file__).resolve().parent / "data"] + [Path(h) for h in extra]
     shown = [h.resolve() for h in want if h.is_dir() and any(h.resolve().is_relative_to(v) for v in visible)]
@@ -194,8 +193,6 @@ def probe(level: str) -> str | None:
     else:
         why = f"unknown sandbox level {level!r} (one of {', '.join(LEVELS)})"
     if why is None and level != "none":
-        import tempfile
-
         with tempfile.TemporaryDirectory(prefix="clawloop-probe-") as d:
             r = Sandbox(d, level=level, limits=Limits(disk_mb=0))._exec("echo ok", timeout_s=20)
             if r.returncode != 0 or "ok" not in r.output:
@@ -254,8 +251,6 @@ class Sandbox:
                     "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb",
                     "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@sandbox",
                     "GIT_COMMITTER_NAME": "agent", "GIT_COMMITTER_EMAIL": "agent@sandbox"}
-        import clawloop
-
         # The sandbox user may not reach the venv's interpreter (say under a 0700 /root) outside bwrap's
         # rebuilt root; clawloop's own in-sandbox helpers (the test runner) are stdlib-only and found this way.
         self.env["PYTHONPATH"] = str(Path(clawloop.__file__).resolve().parent.parent)

@@ -16,6 +16,7 @@ when every test passed (and at least one ran).
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import inspect
 import json
@@ -96,8 +97,6 @@ def run_file(path: str, selected: set[str] | None = None) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m clawloop.envs.testrun")
     p.add_argument("files", nargs="+")
     p.add_argument("--json", default="")

@@ -13,6 +13,7 @@ TASK_TYPE = "terminal"
 
 
 def run_rollout(data: dict[str, Any]) -> dict[str, Any]:
+    # imported when a rollout runs (in its own process), not when the buffer discovers this file
     from clawloop.envs.rollout import run_agent_rollout
 
     return run_agent_rollout(TASK_TYPE, data)

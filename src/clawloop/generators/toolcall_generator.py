@@ -20,6 +20,7 @@ TASK_TYPE = "toolcall"
 
 
 def run_rollout(data: dict[str, Any]) -> dict[str, Any]:
+    # imported when a rollout runs (in its own process), not when the buffer discovers this file
     from clawloop.envs.rollout import AgentRollout
     from clawloop.envs.toolcall import RewardShaping
 

@@ -11,6 +11,7 @@ a pipe from this process, so it also goes when this process is killed outright
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shutil
@@ -44,8 +45,6 @@ def chromedriver_path() -> str:
 
 def missing_requirements(backend: str = "playwright") -> str:
     """'' when `backend` can run here, else why not (what the tests' skip reason says)."""
-    import importlib.util
-
     if backend not in BACKENDS:
         return f"unknown screenshot backend {backend!r} (one of {', '.join(BACKENDS)})"
     why = []

@@ -7,6 +7,7 @@ is reachable with `TRACK.get_task(name)`.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from clawloop.envs.base import EnvOptions, Task, Track
@@ -18,8 +19,6 @@ OBSERVATIONS = ("dom", "screenshot", "both")
 
 
 def miniwob_dir() -> Path:
-    import importlib.util
-
     spec = importlib.util.find_spec("miniwob")
     if spec is None or not spec.origin:
         raise ValueError("the gui track needs the miniwob package: pip install -e '.[gui]'")

@@ -9,15 +9,20 @@ maker can write a bug report from values the buggy code really gave.
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import json
+import operator
 import os
 import resource
 import subprocess
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 from typing import Any
 
+from clawloop.envs import testrun
 from clawloop.envs.swe.repos import test_files
 
 SUITE_TIMEOUT_S = 10.0
@@ -65,8 +70,6 @@ def _short(value: Any, limit: int = 300) -> str:
 
 
 def _cmp(left: Any, right: Any, op: str, first: int, last: int) -> bool:
-    import operator
-
     fn = {"Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le, "Gt": operator.gt,
           "GtE": operator.ge, "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b,
           "Is": operator.is_, "IsNot": operator.is_not}[op]
@@ -188,10 +191,6 @@ def _module_defs(tree: ast.Module) -> dict[str, ast.stmt]:
 def _explain(test_id: str, root: Path) -> dict[str, Any] | None:
     """Re-run one failing test with its asserts recorded: what failed, with which values, in which of the
     repo's functions, and a snippet to reproduce it. None when it cannot be told."""
-    import traceback
-
-    from clawloop.envs import testrun
-
     parts = test_id.split("::")
     if len(parts) != 2 or parts[1].startswith("<"):
         return None
@@ -291,11 +290,6 @@ def _explain(test_id: str, root: Path) -> dict[str, Any] | None:
 
 def probe(out_path: str, files: list[str]) -> None:
     """In the child: run the suite with testrun, explain the first failures, write JSON to `out_path`."""
-    import contextlib
-    import io
-
-    from clawloop.envs import testrun
-
     root = Path.cwd()
     results: dict[str, str] = {}
     sink = io.StringIO()

@@ -36,6 +36,7 @@ reference's.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import tempfile
@@ -48,6 +49,7 @@ from clawloop.envs.base import (Env, EnvOptions, Evaluation, Observation, StepRe
                                 assistant_tool_call, tool_calls_of, tool_message)
 from clawloop.envs.sandbox import Limits, Sandbox
 from clawloop.generation.answers import extract_answer, read_problems, score_answer
+from clawloop.tinymodel.corpus import heldout_questions
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "math_problems.jsonl"
 N_GENERATED = 200
@@ -229,8 +231,6 @@ def load_tools_config(path: str) -> tuple[list[dict[str, Any]], str | None, dict
 
 def generated_problems(n: int = N_GENERATED, seed: int = 0) -> list[dict[str, Any]]:
     """Arithmetic in the tiny model's wording (its corpus's held-out pairs, so not memorised)."""
-    from clawloop.tinymodel.corpus import heldout_questions
-
     out = []
     for i, q in enumerate(heldout_questions(n, seed=seed)):
         if q.get("skill") in ("add", "sub"):
@@ -396,8 +396,6 @@ class ToolCallEnv(Env):
 
 def _expression_of(text: str) -> str | None:
     """`12+7` out of "What is 12 + 7?" (the oracle's calculator input)."""
-    import re
-
     m = re.search(r"(\d+)\s*([-+*/])\s*(\d+)", text)
     if m:
         return f"{m.group(1)}{m.group(2)}{m.group(3)}"
