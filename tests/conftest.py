@@ -76,10 +76,27 @@ def pytest_configure(config):
     required_parts()  # a misspelt CLAWLOOP_REQUIRE stops the run at once
 
 
+_SKIPPED_BY_PART = pytest.StashKey[bool]()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    item.stash[_SKIPPED_BY_PART] = True  # until the marks are through: a skip raised here is theirs
     for mark in item.iter_markers("needs_part"):
         require_or_skip(*mark.args)
+    item.stash[_SKIPPED_BY_PART] = False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip by a `needs_part` mark is reported at the test, as pytest reports a `skipif`, not at the
+    line of this file that raised it."""
+    rep = yield
+    if rep.skipped and call.when == "setup" and item.stash.get(_SKIPPED_BY_PART, False) \
+            and isinstance(rep.longrepr, tuple):
+        path, line = item.reportinfo()[:2]
+        rep.longrepr = (str(path), (line or 0) + 1, rep.longrepr[2])
+    return rep
 
 
 def free_port() -> int:
