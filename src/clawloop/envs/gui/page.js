@@ -1,4 +1,8 @@
 (() => {
+// The GUI env's page script (clawloop/envs/gui/env.py installs it in every MiniWoB++ page as the body of
+// `() => ...`): window.__cl collects the visible elements and tags each with a stable data-cl-ref, starts
+// the episode the way miniwob does, acts on refs and waits for the page to settle. The episode's time
+// limit below is filled in by env.page_script() (EPISODE_TIME_MS).
 if (window.__cl) return true;
 const SKIP_IDS = new Set(['reward-display', 'sync-task-cover', 'click-canvas', 'attention-canvas', 'query']);
 const SKIP_TAGS = new Set(['SCRIPT', 'STYLE', 'BR', 'HEAD', 'META', 'LINK', 'NOSCRIPT', 'TEMPLATE', 'TITLE',
