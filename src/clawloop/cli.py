@@ -41,7 +41,8 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "serve": ("model", "serve", "capture", "ray"),
     "judge": ("judge", "model", "ray"),
     "train": ("train", "gate", "judge", "model", "ray"),  # judge: whose verdicts it trains on
-    "buffer": ("buffer", "env", "ray", "serve.insecure", "train.n_samples_per_prompt"),
+    "buffer": ("buffer", "env", "ray", "serve.insecure", "train.n_samples_per_prompt",
+               "serve.host", "serve.port"),  # where the gateway is: the default remote_engine_url
     "export": (),
     "import": ("model",),  # the tokenizer of turns imported without token ids
     "env check": ("env",),
