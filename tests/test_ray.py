@@ -181,7 +181,7 @@ def up(cluster, random_model_dir, tmp_path_factory):
     assert parts.ray is not None and type(parts.engine).__name__ == "RayEngine"
     server = ServerThread(app).start(timeout=60)
     deadline = time.time() + 180
-    while "trainer" not in parts:  # the trainer group is built in the background
+    while parts.trainer is None:  # the trainer group is built in the background
         assert time.time() < deadline, "the trainer group did not come up"
         time.sleep(0.2)
     try:
@@ -461,7 +461,7 @@ def test_e_judge_actors_serve_a_frozen_judge_and_are_listed(cluster, up, random_
         c = _client(server.url)
         _converse(c, "judged", ["just the number, please"])
         backend = parts.judge.judge.backend
-        _wait(lambda: backend.replies >= 1, 120, f"the judge actor answered nothing: {parts['judge'].stats()}")
+        _wait(lambda: backend.replies >= 1, 120, f"the judge actor answered nothing: {parts.judge.stats()}")
         h = _health(server.url)
         roles = {a["name"]: a for a in h["actors"]}
         assert set(roles) == {"engine-0", "judge-0"} and roles["judge-0"]["role"] == "judge"

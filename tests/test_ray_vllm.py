@@ -46,7 +46,7 @@ def up(random_model_dir, tmp_path_factory):
     assert type(parts.engine).__name__ == "RayVLLMEngine"
     server = ServerThread(app).start(timeout=900)
     deadline = time.time() + 300
-    while "trainer" not in parts:
+    while parts.trainer is None:
         assert time.time() < deadline, "the trainer group did not come up"
         time.sleep(0.2)
     try:
