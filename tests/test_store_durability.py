@@ -25,7 +25,7 @@ import pytest
 
 from clawloop.gateway.capture import Capture
 from clawloop.records import Turn
-from clawloop.store import Store
+from clawloop.store import SQLiteStore, Store
 from conftest import free_port
 
 
@@ -67,7 +67,7 @@ class FlakyConnection(sqlite3.Connection):
         return super().execute(sql, *args)
 
 
-class FlakyStore(Store):
+class FlakyStore(SQLiteStore):
     writer_connection_factory = FlakyConnection
 
 
@@ -98,7 +98,7 @@ def test_tenant_and_sampling_are_stored_exported_and_added_to_old_files(tmp_path
                        "VALUES ('old', 0, 'main', '[]', '[1]', '[2]', '[-1.0]', 'x', 'stop', 0, 0);")
     conn.commit()
     conn.close()
-    store = Store(path)
+    store = SQLiteStore(path)
     sampling = {"temperature": 0.7, "top_p": 0.9, "seed": 5, "logprobs": "raw"}
     tid = store.add_turn(turn(0, "new", tenant="alice", sampling=sampling)).result()
     old = store.session_turns("old")[0]
@@ -111,7 +111,7 @@ def test_tenant_and_sampling_are_stored_exported_and_added_to_old_files(tmp_path
 
 
 def test_max_policy_version_counts_mixed_responses(tmp_path):
-    store = Store(tmp_path / "v.db")
+    store = SQLiteStore(tmp_path / "v.db")
     assert store.max_policy_version() is None
     store.add_turn(turn(0, policy_version=3))
     store.add_turn(turn(1, policy_version=2, response_versions=[2, 6]))
@@ -153,14 +153,14 @@ def test_writer_failing_past_its_retries_spills_and_the_next_open_imports(tmp_pa
     store.close()
     spilled = store.spill_path.read_bytes()
     flaky.fails = 0
-    again = Store(tmp_path / "f.db")  # the next start
+    again = SQLiteStore(tmp_path / "f.db")  # the next start
     turns = again.session_turns("s")
     assert len(turns) == sent and turns[3].next_state["content"] == "thanks" and turns[29].final
     assert spill_lines(again) == [] and again.stats()["capture/spill_imported"] == len(ops)
     again.close()
     # importing the same ops twice changes nothing (a crash between the commit and the truncation)
     store.spill_path.write_bytes(spilled)
-    twice = Store(tmp_path / "f.db")
+    twice = SQLiteStore(tmp_path / "f.db")
     assert [(t.index, t.next_state, t.final) for t in twice.session_turns("s")] == \
         [(t.index, t.next_state, t.final) for t in turns]
     twice.close()
@@ -188,13 +188,13 @@ def _immutable(path, on: bool) -> bool:
 
 def test_read_only_database_file_spills_every_turn(tmp_path):
     path = tmp_path / "ro.db"
-    Store(path).close()
+    SQLiteStore(path).close()
     if os.geteuid() != 0:
         os.chmod(path, 0o444)
     elif not _immutable(path, True):  # root writes through permissions; an immutable file it cannot
         pytest.skip("cannot make a read-only file here (needs chattr as root)")
     try:
-        store = Store(path, retries=1, backoff_s=0.001)
+        store = SQLiteStore(path, retries=1, backoff_s=0.001)
         for i in range(25):
             store.add_turn(turn(i))
         store.flush()
@@ -205,7 +205,7 @@ def test_read_only_database_file_spills_every_turn(tmp_path):
             _immutable(path, False)
         else:
             os.chmod(path, 0o644)
-    again = Store(path)
+    again = SQLiteStore(path)
     assert len(again.session_turns("s")) == 25 and spill_lines(again) == []
     again.close()
 
@@ -214,10 +214,10 @@ FULL_DISK = """
 import resource, signal, sys
 from pathlib import Path
 from clawloop.records import Turn
-from clawloop.store import Store
+from clawloop.store import SQLiteStore
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead of killing us
-store = Store(sys.argv[1], retries=1, backoff_s=0.001)
+store = SQLiteStore(sys.argv[1], retries=1, backoff_s=0.001)
 # A big first turn grows the WAL; a limit just above it leaves the database no room to grow and the
 # spill file (a new file) up to that much.
 store.add_turn(Turn("filler", 0, messages=[{"role": "user", "content": "x" * 600_000}]))
@@ -251,7 +251,7 @@ def test_full_disk_spills_and_nothing_is_missing(tmp_path):
     spilled, lost = map(int, res.stdout.split())
     stored_then = count_session(path, "s")
     assert lost == 0 and spilled > 0 and stored_then > 0 and stored_then + spilled == 300, (stored_then, spilled, lost)
-    again = Store(path)
+    again = SQLiteStore(path)
     assert len(again.session_turns("s")) == 300 and spill_lines(again) == []
     again.close()
 
@@ -277,7 +277,7 @@ def test_full_queue_spills_at_once_instead_of_blocking(tmp_path, flaky):
 
 def test_request_in_flight_at_a_crash_is_kept_as_aborted(tmp_path):
     path = tmp_path / "p.db"
-    store = Store(path)
+    store = SQLiteStore(path)
     cap = Capture(store)
     done = cap.begin("s", "main", [{"role": "user", "content": "q0"}], False, prompt_ids=[5, 6, 7])
     cap.finish(done, [Turn("s", 0, messages=[{"role": "user", "content": "q0"}], prompt_ids=[5, 6, 7],
@@ -287,7 +287,7 @@ def test_request_in_flight_at_a_crash_is_kept_as_aborted(tmp_path):
     (_, running) = store.session_turns("s")
     assert running.finish_reason == "pending" and not running.trainable
     store.close()  # the process dies here: the second answer never finished
-    store = Store(path)
+    store = SQLiteStore(path)
     cap = Capture(store)
     assert cap.aborted_at_start == 1
     store.flush()
@@ -356,7 +356,7 @@ def test_kill_9_during_traffic_keeps_every_answered_request(random_model_dir, tm
     finally:
         if proc.poll() is None:
             proc.kill()
-    store = Store(data / "clawloop.db")
+    store = SQLiteStore(data / "clawloop.db")
     Capture(store)  # the next start: pending rows become aborted
     store.flush()
     for sid, n in answered.items():

@@ -1,6 +1,6 @@
 """Env-pool actors: the rollout buffer's environments on the nodes that offer the env resource.
 
-    clawloop buffer --ray auto --env-type toolcall --env-workers 4     # run_buffer(cfg) does:
+    clawloop buffer --ray auto --env-type toolcall --env-workers 4     # clawloop.apps.buffer.run_buffer does:
     pools = start_env_pools(cfg)        # 4 EnvPoolActor, each {env: 1, CPU: --env-num-cpus}
     cfg.env.pool_url = ",".join(pools.urls)   # generators build a SpreadPool over them
     ...; pools.close()
