@@ -74,10 +74,15 @@ def test_sysdeps_says_what_it_could_not_install_and_fails(tmp_path):
     assert "FAILED: still missing: no-such-package" in p.stdout, p.stdout + p.stderr
 
 
-def test_bench_results_are_read_whole_across_lines():
+def load_run_all():
     spec = importlib.util.spec_from_file_location("run_all", ROOT / "bench" / "run_all.py")
     run_all = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run_all)
+    return run_all
+
+
+def test_bench_results_are_read_whole_across_lines():
+    run_all = load_run_all()
     indented = {"bench": "ray_scale", "single": {"step_ms": 12.5}, "actors": [{"n": 1}, {"n": 2}]}
     stdout = ("model            2+1\n{n} rows, {'not': 'json'}\n"  # text that only looks like JSON
               + json.dumps(indented, indent=2) + "\n"
@@ -86,3 +91,18 @@ def test_bench_results_are_read_whole_across_lines():
     assert run_all.bench_results(stdout) == [indented, {"agent": "oracle", "reward": 1.0},
                                              {"agent": "model", "reward": 0.5}]
     assert run_all.bench_results("no result\n") == []
+
+
+def test_run_all_writes_every_result_and_every_failure(tmp_path, monkeypatch):
+    """Three stand-in benches: one prints its result indented over many lines (as ray_scale does), one
+    exits 1, one prints no JSON; the run goes to its end and last_run.jsonl holds a line for each."""
+    run_all = load_run_all()
+    (tmp_path / "indented.py").write_text('import json\nprint("table")\nprint(json.dumps({"x": {"y": 1}}, indent=2))\n')
+    (tmp_path / "crashes.py").write_text('raise SystemExit(1)\n')
+    (tmp_path / "silent.py").write_text('print("no result")\n')
+    monkeypatch.setattr(run_all, "HERE", tmp_path)
+    assert run_all.main(["indented", "crashes", "silent"]) == 1
+    lines = [json.loads(ln) for ln in (tmp_path / "last_run.jsonl").read_text().splitlines()]
+    assert [(r["bench"], r.get("x"), r.get("_failed")) for r in lines] == [
+        ("indented", {"y": 1}, None), ("crashes", None, "exit status 1"), ("silent", None, "printed no JSON result")]
+    assert all(isinstance(r["_seconds"], float) for r in lines)
