@@ -253,8 +253,6 @@ def import_sessions(cfg: Config, path: str | Path) -> tuple[int, int]:
 def _tokenizer(cfg: Config):
     from transformers import AutoTokenizer
 
-    if cfg.model.path:
-        return AutoTokenizer.from_pretrained(cfg.model.path)
-    from clawloop.tinymodel.build import default_model_dir
+    from clawloop.naming import model_path
 
-    return AutoTokenizer.from_pretrained(str(default_model_dir()))
+    return AutoTokenizer.from_pretrained(model_path(cfg))

@@ -22,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 from clawloop.judge.base import text_of
 from clawloop.judge.llm import EngineChatBackend, HTTPChatBackend, LLMJudge
 from clawloop.judge.offline import find_error
+from clawloop.naming import model_path
 from clawloop.records import Turn
 
 _RC = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
@@ -97,11 +99,7 @@ class StepPRM:
             # lazy: the frozen PRM's engine loads torch and transformers, which no other kind needs
             from clawloop.engines.hf import HFEngine
 
-            path = str(data.get("prm_model") or "")
-            if not path:
-                from clawloop.tinymodel.build import default_model_dir
-
-                path = str(default_model_dir())
+            path = model_path(SimpleNamespace(path=str(data.get("prm_model") or "")))  # else the tiny model
             backend = EngineChatBackend(HFEngine(path, device="cpu"), owns_engine=True)
             name = f"prm:frozen:{path}"
         judge = LLMJudge(backend, name=name, votes=votes, threshold=float(data.get("prm_threshold", 0.5)),
