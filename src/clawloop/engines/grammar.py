@@ -48,6 +48,18 @@ def check_constraint(tag: dict[str, Any]) -> None:
         raise ValueError(_LOG_PREFIX.sub("", why)) from None
 
 
+def compact_json_grammar(schema_text: str, separators: tuple[str, str]) -> str:
+    """EBNF for JSON valid under the schema `schema_text`, written with exactly `separators` and no
+    other whitespace (ValueError with xgrammar's reason when the schema does not convert)."""
+    import xgrammar as xgr
+
+    try:
+        return str(xgr.Grammar.from_json_schema(schema_text, any_whitespace=False, separators=separators))
+    except Exception as e:  # xgrammar's own error types, as in check_constraint
+        why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise ValueError(_LOG_PREFIX.sub("", why)) from None
+
+
 class Grammars:
     """Compiles constraints for one tokenizer and masks logits row by row."""
 

@@ -1,7 +1,8 @@
 """What a chat request's output must look like, as one structural tag for the engine.
 
-- `response_format` `json_object` / `json_schema` → a `json_schema` format (strict: a
-  property the schema does not name is refused, as OpenAI's strict mode does).
+- `response_format` `json_object` / `json_schema` → the schema's JSON (strict: a property
+  the schema does not name is refused, as OpenAI's strict mode does), with no free
+  whitespace by default (`JSON_WHITESPACE`).
 - offered tools → every `<tool_call>` block is `{"name": <an offered name>, "arguments":
   <that tool's parameter schema>}`, in the Hermes/Qwen format the gateway parses
   (render.py); `tool_choice`: `auto` free text with optional calls (`triggered_tags`),
@@ -24,15 +25,42 @@ from typing import Any
 from clawloop.gateway.protocol import APIError, ChatRequest
 from clawloop.gateway.render import TOOL_CLOSE, TOOL_OPEN
 
-MAX_WHITESPACE = 8
-"""Longest run of whitespace allowed between JSON tokens: pretty-printing fits, a model that
-would pad forever (weak models do) cannot."""
+JSON_WHITESPACE = 0
+"""Whitespace a constrained JSON value may hold in each gap between its tokens, beyond the one space
+after every `,` and `:`. 0 (the default) leaves none: the value is written with `json.dumps`'s
+separators (`", "`, `": "`, the form chat templates render tool-call arguments in), as vLLM's
+`disable_any_whitespace` does. Any freedom is taken by a weak model: the shipped tiny model, allowed
+8 characters, wrote `{"a":93\\n\\n\\n\\n\\n\\n\\n\\n,\\n\\n...` until `max_tokens`, so no client got a
+parseable object. N > 0 allows up to N whitespace characters in each gap (and no fixed separators):
+pretty-printed JSON, for a model that writes it and a budget that pays for it."""
+COMPACT_SEPARATORS = (", ", ": ")
 EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
-def _json_format(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "json_schema", "json_schema": bounded_strings(schema), "style": "json",
-            "max_whitespace_cnt": MAX_WHITESPACE}
+def _json_format(schema: dict[str, Any], whitespace: int = JSON_WHITESPACE) -> dict[str, Any]:
+    bounded = bounded_strings(schema)
+    if whitespace == 0:
+        ebnf = _compact_grammar(json.dumps(bounded))
+        if ebnf is not None:
+            return {"type": "grammar", "grammar": ebnf}
+    # A schema the converter refuses stays a `json_schema` format: `_check` then names its parameter.
+    return {"type": "json_schema", "json_schema": bounded, "style": "json", "max_whitespace_cnt": max(whitespace, 1)}
+
+
+@lru_cache(maxsize=512)
+def _compact_grammar(schema_text: str) -> str | None:
+    """The schema as an EBNF grammar with no free whitespace (None when xgrammar cannot convert it).
+
+    xgrammar 0.2.8's structural-tag `json_schema` format takes `max_whitespace_cnt` ≥ 1 only; its
+    `any_whitespace=False` (fixed separators) exists only in `Grammar.from_json_schema`, so the
+    schema is converted there and embedded as a `grammar` format — the same converter, strict mode
+    included, and vLLM (same xgrammar) reads the same tag."""
+    from clawloop.engines.grammar import compact_json_grammar  # it imports torch: not at gateway import
+
+    try:
+        return compact_json_grammar(schema_text, COMPACT_SEPARATORS)
+    except ValueError:
+        return None
 
 
 _SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
@@ -69,34 +97,39 @@ def bounded_strings(schema: Any) -> Any:
     return out
 
 
-def tool_tag(tool: dict[str, Any]) -> dict[str, Any]:
+def tool_tag(tool: dict[str, Any], whitespace: int = JSON_WHITESPACE) -> dict[str, Any]:
     fn = tool["function"]
     params = fn.get("parameters") or EMPTY_PARAMETERS
     return {"type": "tag", "begin": f'{TOOL_OPEN}\n{{"name": {json.dumps(fn["name"])}, "arguments": ',
-            "content": _json_format(params), "end": f"}}\n{TOOL_CLOSE}"}
+            "content": _json_format(params, whitespace), "end": f"}}\n{TOOL_CLOSE}"}
 
 
-def _content_format(req: ChatRequest) -> dict[str, Any] | None:
+def _content_format(req: ChatRequest, whitespace: int = JSON_WHITESPACE) -> dict[str, Any] | None:
     rf = req.response_format
     if rf is None:
         return None
     if rf["type"] == "json_object":
-        return _json_format({"type": "object"})
-    return _json_format(rf["json_schema"]["schema"])
+        return _json_format({"type": "object"}, whitespace)
+    return _json_format(rf["json_schema"]["schema"], whitespace)
 
 
-def build_constraint(req: ChatRequest, use_tools: bool, constrain_tools: bool = True) -> dict[str, Any] | None:
-    """The structural tag for `req`, or None when its output is free text."""
-    content = _content_format(req)
+def build_constraint(req: ChatRequest, use_tools: bool, constrain_tools: bool = True,
+                     json_whitespace: int = JSON_WHITESPACE) -> dict[str, Any] | None:
+    """The structural tag for `req`, or None when its output is free text. `json_whitespace`: see
+    `JSON_WHITESPACE` (0, the default: no free whitespace in the JSON; N: up to N characters a gap)."""
+    if json_whitespace < 0:
+        raise ValueError(f"json_whitespace must be >= 0, got {json_whitespace}")
+    ws = json_whitespace
+    content = _content_format(req, ws)
     tools_format = None
     if use_tools and req.tools and constrain_tools:
         tc = req.tool_choice
         if isinstance(tc, dict):
             chosen = [t for t in req.tools if t["function"]["name"] == tc["function"]["name"]]
-            tools_format = tool_tag(chosen[0])
+            tools_format = tool_tag(chosen[0], ws)
         else:
             tools_format = {"type": "triggered_tags", "triggers": [TOOL_OPEN],
-                            "tags": [tool_tag(t) for t in req.tools],
+                            "tags": [tool_tag(t, ws) for t in req.tools],
                             "at_least_one": tc == "required" or content is not None,
                             "stop_after_first": not req.parallel_tool_calls}
     if content is not None and tools_format is not None:
@@ -109,22 +142,22 @@ def build_constraint(req: ChatRequest, use_tools: bool, constrain_tools: bool = 
     if fmt is None:
         return None
     tag = {"type": "structural_tag", "format": fmt}
-    _check(req, tag)
+    _check(req, tag, ws)
     return tag
 
 
-def _check(req: ChatRequest, tag: dict[str, Any]) -> None:
+def _check(req: ChatRequest, tag: dict[str, Any], ws: int) -> None:
     """400 naming the parameter whose schema does not compile."""
     if _compiles(json.dumps(tag)) is None:
         return
     if req.response_format is not None:
-        why = _compiles(json.dumps({"type": "structural_tag", "format": _content_format(req)}))
+        why = _compiles(json.dumps({"type": "structural_tag", "format": _content_format(req, ws)}))
         if why is not None:
             param = ("response_format.json_schema.schema" if req.response_format["type"] == "json_schema"
                      else "response_format")
             raise APIError(400, f"Invalid schema in '{param}': {why}", param=param, code="invalid_schema")
     for i, t in enumerate(req.tools or ()):
-        why = _compiles(json.dumps({"type": "structural_tag", "format": tool_tag(t)}))
+        why = _compiles(json.dumps({"type": "structural_tag", "format": tool_tag(t, ws)}))
         if why is not None:
             param = f"tools[{i}].function.parameters"
             raise APIError(400, f"Invalid schema in '{param}': {why}", param=param, code="invalid_schema")
@@ -135,7 +168,7 @@ def _check(req: ChatRequest, tag: dict[str, Any]) -> None:
 @lru_cache(maxsize=512)
 def _compiles(tag_text: str) -> str | None:
     """None when the tag compiles, else xgrammar's reason (cached: clients repeat their tools)."""
-    from clawloop.engines.grammar import check_constraint
+    from clawloop.engines.grammar import check_constraint  # it imports torch: not at gateway import
 
     try:
         check_constraint(json.loads(tag_text))
