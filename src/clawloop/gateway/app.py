@@ -8,8 +8,9 @@ vLLM's `serving_chat.py` / `serving_completion.py` sit on `serving_engine.py`.
 
 Routes: POST /v1/chat/completions (chat.py, streaming and not), POST /v1/completions
 (completions.py), POST/GET/DELETE /v1/responses (responses.py, served through chat.py's
-`run_chat`), GET /v1/models[/{id}], GET /health, GET /metrics, and the web dashboard at / with
-its /api/* (dashboard.py).
+`run_chat`), POST /v1/messages[/count_tokens] (messages.py, Anthropic's Messages API, also through
+`run_chat`; its errors in Anthropic's shape), GET /v1/models[/{id}], GET /health, GET /metrics, and
+the web dashboard at / with its /api/* (dashboard.py).
 Errors use OpenAI's shape. Extension fields a
 trainer-side client may send: `return_token_ids: true` adds the prompt ids,
 each choice's sampled ids and logprobs and the policy version to the reply;
@@ -49,6 +50,7 @@ from clawloop.engines.base import Engine, ReportsHealth
 from clawloop.gateway.chat import serve_chat
 from clawloop.gateway.completions import serve_completions
 from clawloop.gateway.dashboard import mount_dashboard
+from clawloop.gateway.messages import anthropic_error, count_tokens, serve_messages
 from clawloop.gateway.protocol import APIError
 from clawloop.gateway.responses import ResponsesAPI
 from clawloop.gateway.serving import Gateway, StatsFn
@@ -107,16 +109,22 @@ def create_app(cfg: Any, engine: Engine, store: Store | None = None, *, stats: l
     app = FastAPI(title="clawloop", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gw
 
+    def error_reply(request: Request, e: APIError) -> JSONResponse:
+        """An error in the shape of the API asked: Anthropic's under /v1/messages, else OpenAI's."""
+        status, body = (anthropic_error(e) if request.url.path.startswith("/v1/messages")
+                        else (e.status, e.body()))
+        return JSONResponse(body, status_code=status, headers=e.headers or None)
+
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
         gw.metrics.observe_request(e.status, 0.0, 0, getattr(request.state, "tenant", ""))
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers or None)
+        return error_reply(request, e)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if e.status_code == 404 else None
         msg = f"Unknown route {request.method} {request.url.path}" if e.status_code == 404 else str(e.detail)
-        return JSONResponse(APIError(e.status_code, msg, code=code).body(), status_code=e.status_code)
+        return error_reply(request, APIError(e.status_code, msg, code=code))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception) -> JSONResponse:
@@ -126,8 +134,8 @@ def create_app(cfg: Any, engine: Engine, store: Store | None = None, *, stats: l
         log.exception("request %s (%s %s) failed", rid, request.method, request.url.path)
         gw.metrics.observe_request(500, 0.0, 0, getattr(request.state, "tenant", ""))
         err = APIError(500, f"The server had an error processing your request (request id {rid}); the server "
-                            "log has the details.", code="internal_error")
-        return JSONResponse(err.body(), status_code=500, headers={"X-Request-Id": rid})
+                            "log has the details.", code="internal_error", headers={"X-Request-Id": rid})
+        return error_reply(request, err)
 
     responses_api = ResponsesAPI(gw)
 
@@ -138,6 +146,14 @@ def create_app(cfg: Any, engine: Engine, store: Store | None = None, *, stats: l
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await serve_completions(gw, request)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await serve_messages(gw, request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(request: Request) -> Response:
+        return await count_tokens(gw, request)
 
     @app.post("/v1/responses")
     async def responses_create(request: Request) -> Response:
