@@ -225,7 +225,8 @@ store.flush()
 limit = Path(sys.argv[1] + "-wal").stat().st_size + 64 * 1024
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 for i in range(300):
-    store.add_turn(Turn("s", i, messages=[{"role": "user", "content": "q" * 1000}], prompt_ids=list(range(60)),
+    # a message of its own per turn: the same one would be stored once, and the disk never fill
+    store.add_turn(Turn("s", i, messages=[{"role": "user", "content": f"{i} " + "q" * 1000}], prompt_ids=list(range(60)),
                         response_ids=[1, 2], response_logprobs=[-0.5, -0.5], response_text="a", request_id=f"r{i}"))
     if i % 20 == 0:
         store.flush()

@@ -77,10 +77,11 @@ class BrowseRows(SQLiteBase):
                            tenant: str | None = None) -> list[Turn]:
         """Rows `offset`.. of a session's turns in order (index, then choice); `tenant`: only its turns."""
         extra, params = ("", ()) if tenant is None else (" AND COALESCE(tenant, '')=?", (tenant,))
-        rows = self._reader().execute(
+        c = self._reader()
+        rows = c.execute(
             f"SELECT {TURN_COLS} FROM turns WHERE session_id=?{extra} ORDER BY idx, choice_index LIMIT ? OFFSET ?",
             (session_id, *params, max(0, int(limit)), max(0, int(offset)))).fetchall()
-        return [row_to_turn(r) for r in rows]
+        return [row_to_turn(r, self.chunks, c) for r in rows]
 
     def judgements_of(self, turn_ids: list[int]) -> dict[int, list[tuple[int, Judgement]]]:
         """Every judge's verdict on each of `turn_ids`: turn id -> [(judgement row id, judgement)], oldest

@@ -41,14 +41,15 @@ class JudgementRows(SQLiteBase):
     def turns_to_judge(self, judge: str, limit: int, exclude: set[int] | frozenset[int] = frozenset()) -> list[Turn]:
         """Main, trainable turns whose next state arrived (or session closed) and that
         `judge` has not scored yet, oldest first."""
-        rows = self._reader().execute(
+        c = self._reader()
+        rows = c.execute(
             f"SELECT {TURN_COLS} FROM turns t WHERE t.type=? AND t.trainable=1 "
             "AND (t.next_state IS NOT NULL OR t.final=1) "
             "AND NOT EXISTS (SELECT 1 FROM judgements j WHERE j.turn_id=t.id AND j.judge=?) "
             "ORDER BY t.id LIMIT ?",
             (TURN_MAIN, judge, limit + len(exclude)),
         ).fetchall()
-        turns = [row_to_turn(r) for r in rows if r[0] not in exclude]
+        turns = [row_to_turn(r, self.chunks, c) for r in rows if r[0] not in exclude]
         return turns[:limit]
 
     def count_pending_judgement(self, judge: str) -> int:
@@ -78,7 +79,8 @@ class JudgementRows(SQLiteBase):
         """(judgement row id, turn, judgement) with judgement id > after_id, in order.
 
         The trainer keeps the last id it consumed as its cursor (see get_cursor)."""
-        rows = self._reader().execute(
+        c = self._reader()
+        rows = c.execute(
             f"SELECT j.id, {', '.join('j.' + c.strip() for c in JUDGEMENT_COLS.split(','))}, "
             f"{', '.join('t.' + c.strip() for c in TURN_COLS.split(','))} "
             "FROM judgements j JOIN turns t ON t.id=j.turn_id "
@@ -86,7 +88,7 @@ class JudgementRows(SQLiteBase):
             (judge, after_id, limit),
         ).fetchall()
         n = 1 + N_JUDGEMENT_COLS
-        return [(r[0], row_to_turn(r[n:]), row_to_judgement(r[1:n])) for r in rows]
+        return [(r[0], row_to_turn(r[n:], self.chunks, c), row_to_judgement(r[1:n])) for r in rows]
 
     # -- trainer cursors -------------------------------------------------------
     def get_cursor(self, name: str, default: int = 0) -> int:

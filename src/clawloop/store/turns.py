@@ -18,8 +18,8 @@ from concurrent.futures import Future
 from typing import Any, Iterator
 
 from clawloop.records import TURN_MAIN, Turn
-from clawloop.store.schema import (ABORT, FINISH_TURN, INSERT_TURN, PENDING, TURN_COLS, dumps, loads, row_to_turn,
-                                   turn_values, versions_json)
+from clawloop.store.schema import (ABORT, FINISH_TURN, INSERT_TURN, PENDING, TURN_COLS, dumps, loads, put_prompt,
+                                   put_tools, row_to_turn, turn_values, versions_json)
 from clawloop.store.writer import SQLiteBase
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,8 @@ class TurnRows(SQLiteBase):
     def _op_begin(self, conn: sqlite3.Connection, a: dict[str, Any]) -> int | None:
         t: Turn = a["turn"]
         self._touch_session(conn, t.session_id)
-        cur = conn.execute(INSERT_TURN + " ON CONFLICT(session_id, idx, choice_index) DO NOTHING", turn_values(t))
+        cur = conn.execute(INSERT_TURN + " ON CONFLICT(session_id, idx, choice_index) DO NOTHING",
+                           turn_values(t, self.chunks, conn))
         if cur.rowcount == 0 and not a.get("replay"):
             log.warning("store: turn %d of session %r is taken; this request's row waits for its end",
                         t.index, t.session_id)
@@ -64,8 +65,11 @@ class TurnRows(SQLiteBase):
         A row of another request at the same index (capture state out of step with the file) never
         drops this turn: it goes to the session's next free index, with a warning."""
         if key or t.request_id:
+            pref, ptail = (None, None) if prompt_stored else put_prompt(t, self.chunks, conn)
+            tools, tref = put_tools(t, self.chunks, conn)
             row = conn.execute(FINISH_TURN, (  # the prompt ids the pending row has are not written again
-                dumps(t.tools), None if prompt_stored else dumps(list(t.prompt_ids)), dumps(list(t.response_ids)),
+                tools, tref, None if prompt_stored else "", int(prompt_stored), pref, int(prompt_stored), ptail,
+                dumps(list(t.response_ids)),
                 dumps(list(t.response_logprobs)), t.response_text, dumps(t.tool_calls), t.finish_reason,
                 int(t.policy_version), dumps(t.next_state), t.next_state_at, int(t.final), int(t.trainable),
                 t.request_id, t.created_at, versions_json(t), t.tenant or None, dumps(t.sampling),
@@ -74,7 +78,7 @@ class TurnRows(SQLiteBase):
             if row:
                 t.id = row[0][0]
                 return t.id
-        values = turn_values(t)
+        values = turn_values(t, self.chunks, conn)
         try:
             cur = conn.execute(INSERT_TURN, values)
         except sqlite3.IntegrityError:
@@ -174,15 +178,17 @@ class TurnRows(SQLiteBase):
 
     # -- reads ---------------------------------------------------------------
     def get_turn(self, turn_id: int) -> Turn | None:
-        r = self._reader().execute(f"SELECT {TURN_COLS} FROM turns WHERE id=?", (turn_id,)).fetchone()
-        return row_to_turn(r) if r else None
+        c = self._reader()
+        r = c.execute(f"SELECT {TURN_COLS} FROM turns WHERE id=?", (turn_id,)).fetchone()
+        return row_to_turn(r, self.chunks, c) if r else None
 
     def session_turns(self, session_id: str) -> list[Turn]:
-        rows = self._reader().execute(
+        c = self._reader()
+        rows = c.execute(
             f"SELECT {TURN_COLS} FROM turns WHERE session_id=? ORDER BY idx, choice_index",
             (session_id,),
         ).fetchall()
-        return [row_to_turn(r) for r in rows]
+        return [row_to_turn(r, self.chunks, c) for r in rows]
 
     def iter_sessions(self) -> Iterator[tuple[str, list[Turn]]]:
         """Every session with its turns, oldest session first."""
@@ -242,9 +248,10 @@ class TurnRows(SQLiteBase):
         out = []
         for sid in reversed(sids):
             rows = c.execute(
-                "SELECT idx, tenant, messages, response_text, tool_calls, next_state IS NOT NULL FROM turns "
+                "SELECT idx, tenant, messages, messages_ref, response_text, tool_calls, next_state IS NOT NULL FROM turns "
                 "WHERE session_id=? AND idx=(SELECT MAX(idx) FROM turns WHERE session_id=? AND type=? "
                 "AND trainable=1) ORDER BY choice_index", (sid, sid, TURN_MAIN)).fetchall()
-            for idx, tenant, msgs, text, tcs, linked in rows:
-                out.append((sid, idx, tenant or "", json.loads(msgs), text, loads(tcs), bool(linked)))
+            for idx, tenant, msgs, mref, text, tcs, linked in rows:
+                msgs = json.loads(msgs) if mref is None else self.chunks.messages(c, mref)
+                out.append((sid, idx, tenant or "", msgs, text, loads(tcs), bool(linked)))
         return out

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from clawloop.records import Judgement, Turn
+from clawloop.store.chunks import Chunks
 from clawloop.store.schema import SCHEMA, migrate
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ class SQLiteBase:
         self.reindexed = 0
         self.imported = 0
         self._said: dict[str, float] = {}
+        self.chunks = Chunks()
+        """The pieces of prompts, messages and tools that turns share (stored once; `chunks.py`)."""
         conn = self._connect()
         conn.executescript(SCHEMA)
         migrate(conn)
