@@ -113,10 +113,16 @@ class ServerThread:
     def __init__(self, app, port: int | None = None):
         import uvicorn
 
-        self.port = port or free_port()
+        # The socket is bound here, not when uvicorn gets to it: its lifespan starts the engine first
+        # (minutes for vLLM replicas), and a port only probed as free can be taken meanwhile.
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port or 0))
+        self.port = self.sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                    lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="test-uvicorn",
+                                       daemon=True)
 
     @property
     def url(self) -> str:
@@ -134,6 +140,7 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        self.sock.close()
 
 
 @pytest.fixture(scope="session")
