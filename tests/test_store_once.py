@@ -204,8 +204,9 @@ def test_a_missing_piece_fails_loudly(tmp_path):
     try:
         tid = store.add_turn(t).result()
         conn = sqlite3.connect(tmp_path / "clawloop.db")
+        # the first piece: int32 ids (some are >= 65 536) and their width byte
         root = conn.execute("SELECT key FROM chunks WHERE parent IS NULL AND length(data) = ?",
-                            (CHUNK * 4,)).fetchone()[0]
+                            (CHUNK * 4 + 1,)).fetchone()[0]
         conn.execute("DELETE FROM chunks WHERE key=?", (root,))
         conn.commit()
         conn.close()

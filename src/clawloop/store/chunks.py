@@ -55,16 +55,17 @@ def _key(kind: bytes, parent: bytes | None, data: bytes) -> bytes:
 
 
 def pack_ids(ids: list[int] | array) -> bytes:
-    """Token ids as little-endian int32 (4 bytes an id; JSON takes ~5-7)."""
-    a = array("i", ids)
+    """Token ids as one width byte and little-endian uint16 (every id < 65 536: the tiny model's, 32 k
+    vocabularies) or int32 (larger ones): 2 or 4 bytes an id, where JSON takes ~5-7."""
+    a = array("H" if all(0 <= i < 65536 for i in ids) else "i", ids)
     if sys.byteorder == "big":
         a.byteswap()
-    return a.tobytes()
+    return bytes((a.itemsize,)) + a.tobytes()
 
 
 def unpack_ids(data: bytes) -> array:
-    a = array("i")
-    a.frombytes(data)
+    a = array({2: "H", 4: "i"}[data[0]])
+    a.frombytes(data[1:])
     if sys.byteorder == "big":
         a.byteswap()
     return a
@@ -81,20 +82,18 @@ class Chunks:
 
     # -- writes (on the writer thread, inside the batch's transaction) -------------------------
     def put_ids(self, conn: sqlite3.Connection, ids: list[int]) -> tuple[bytes | None, bytes]:
-        """Store the whole CHUNK-id pieces of `ids`; (key of the last one or None, packed rest)."""
-        raw = pack_ids(ids)
-        step = CHUNK * 4
-        whole = len(raw) - len(raw) % step
+        """Store the whole CHUNK-id pieces of `ids`; (key of the last one or None, the rest packed)."""
+        whole = len(ids) - len(ids) % CHUNK
         parent: bytes | None = None
         rows = []
-        for a in range(0, whole, step):
-            data = raw[a:a + step]
+        for a in range(0, whole, CHUNK):
+            data = pack_ids(ids[a:a + CHUNK])
             key = _key(_IDS, parent, data)
             rows.append((key, parent, data))
             parent = key
         if rows:
             conn.executemany("INSERT OR IGNORE INTO chunks (key, parent, data) VALUES (?,?,?)", rows)
-        return parent, raw[whole:]
+        return parent, pack_ids(ids[whole:])
 
     def put_messages(self, conn: sqlite3.Connection, messages: list[dict[str, Any]]) -> bytes | None:
         """Store each message as a chained node; the last node's key (None for no messages)."""
@@ -138,8 +137,11 @@ class Chunks:
         return chain
 
     def ids(self, conn: sqlite3.Connection, key: bytes | None, tail: bytes) -> list[int]:
-        head = b"".join(self._chain(conn, key)) if key is not None else b""
-        return unpack_ids(head + bytes(tail)).tolist()
+        out: list[int] = []
+        for piece in (self._chain(conn, key) if key is not None else ()):
+            out.extend(unpack_ids(piece).tolist())
+        out.extend(unpack_ids(bytes(tail)).tolist())
+        return out
 
     def messages(self, conn: sqlite3.Connection, key: bytes) -> list[dict[str, Any]]:
         return [json.loads(d) for d in self._chain(conn, key)]
