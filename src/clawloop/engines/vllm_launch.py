@@ -7,14 +7,18 @@ nothing from clawloop: `.venv-vllm` does not have clawloop installed):
 
 clawloop starts it in a new session (its own process group, so stopping it
 stops vLLM's engine-core and worker processes too). Two guards against an
-orphaned vLLM when clawloop itself is killed with SIGKILL, where no cleanup
-code of clawloop's can run:
+orphaned vLLM when its owner (clawloop, or the Ray actor that started it) dies
+by any signal, SIGKILL included, where no cleanup code of the owner's runs:
 
 - the parent-death signal: the kernel sends SIGTERM to this process when the
-  parent exits (prctl PR_SET_PDEATHSIG), and vLLM shuts down on SIGTERM;
-- a watchdog thread that polls the parent pid, and on its death sends SIGTERM
-  to the whole process group, then SIGKILL after a grace period (covers vLLM
-  children, and the case where the signal was missed or ignored).
+  owner exits (prctl PR_SET_PDEATHSIG), and vLLM's API server shuts down;
+- a reaper: a forked process in a session of its own (a kill of the server's
+  group does not reach it, and it ignores SIGTERM/SIGINT/SIGHUP) that watches
+  the owner and this launcher. When either is gone it sends SIGTERM to the
+  server's whole process group, then SIGKILL to what is left after a grace
+  period, and exits; it also exits once the group is empty. A thread in this
+  process could not do that: it dies with the launcher, and vLLM's engine
+  core and workers (2.6 GB on CPU) outlived a killed launcher that way.
 """
 
 import ctypes
@@ -22,10 +26,10 @@ import os
 import runpy
 import signal
 import sys
-import threading
 import time
 
-GRACE_S = 10.0
+GRACE_S = float(os.environ.get("CLAWLOOP_REAP_GRACE_S", "10"))
+POLL_S = 0.5
 
 
 def _parent_death_signal() -> None:
@@ -36,18 +40,76 @@ def _parent_death_signal() -> None:
         pass
 
 
-def _watchdog(parent: int) -> None:
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            break
-    pgid = os.getpgid(0)
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, process group, start time) of a live process, None when it is gone or a zombie."""
     try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    time.sleep(GRACE_S)
-    os.killpg(pgid, signal.SIGKILL)
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ... starttime (22nd field)
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def _same_process(pid: int, started: int) -> bool:
+    st = _proc_stat(pid)
+    return st is not None and st[2] == started  # a reused pid is another process
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _proc_stat(int(name))
+            if st is not None and st[1] == pgid:
+                out.append(int(name))
+    return out
+
+
+def _reap(pgid: int, watched: list[tuple[int, int]]) -> None:
+    """The reaper's loop (see the module docstring); never returns."""
+    try:
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        while all(_same_process(pid, started) for pid, started in watched):
+            if not _group_members(pgid):
+                os._exit(0)
+            time.sleep(POLL_S)
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            os._exit(0)
+        deadline = time.monotonic() + GRACE_S
+        while _group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    finally:
+        os._exit(0)
+
+
+def _start_reaper(owner: int) -> None:
+    watched = []
+    for pid in (owner, os.getpid()):
+        st = _proc_stat(pid)
+        if st is None:
+            raise SystemExit(1)  # the owner died already
+        watched.append((pid, st[2]))
+    pgid = os.getpgid(0)
+    middle = os.fork()
+    if middle == 0:  # forked twice, so the reaper is nobody's child here and never a zombie of vLLM's
+        if os.fork() == 0:
+            _reap(pgid, watched)
+        os._exit(0)
+    os.waitpid(middle, 0)
 
 
 def main() -> None:
@@ -57,7 +119,7 @@ def main() -> None:
     _parent_death_signal()
     if os.getppid() != parent:  # the parent died before prctl took effect
         raise SystemExit(1)
-    threading.Thread(target=_watchdog, args=(parent,), name="clawloop-parent-watchdog", daemon=True).start()
+    _start_reaper(parent)  # before any thread exists: fork() copies only the calling thread
     # This file's folder is sys.path[0], and it holds clawloop's own `vllm.py`: drop it, so
     # `import vllm` finds the real package.
     here = os.path.dirname(os.path.abspath(__file__))
