@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -80,6 +81,21 @@ def _converse(c, sid):
                               extra_headers={"X-Session-Id": sid, "X-Session-Done": "1"})
 
 
+def _group_members(pgid: int) -> list[str]:
+    """Live processes (zombies hold nothing) of a process group, as 'pid name'."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                raw = (d / "stat").read_text()
+            except OSError:
+                continue
+            fields = raw[raw.rindex(")") + 2:].split()
+            if fields[0] not in "ZX" and int(fields[2]) == pgid:
+                out.append(f"{d.name} {raw[raw.index('(') + 1:raw.rindex(')')]}")
+    return out
+
+
 def test_vllm_replica_on_a_ray_actor_trains_publishes_and_survives_its_actor_killed(up):
     import ray
 
@@ -113,6 +129,9 @@ def test_vllm_replica_on_a_ray_actor_trains_publishes_and_survives_its_actor_kil
     _wait(lambda: eng.replicas[0].state != "up", 60, "the engine did not notice its host died")
     _wait(lambda: eng.replicas[0].state == "up", 600, f"the vLLM replica did not come back: {eng.health()}")
     assert eng.replicas[0].restarts >= 1 and eng.replicas[0].process.pid != old_pid
+    # nothing of the killed host's server outlives it (the launcher's pid is its process group's id)
+    _wait(lambda: not _group_members(old_pid), 60, f"vLLM processes of the killed host outlived it: "
+          f"{_group_members(old_pid)}")
     assert eng.replicas[0].version == eng.policy_version >= served
     r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                   extra_headers={"X-Session-Id": "after", "X-Session-Done": "1"})
