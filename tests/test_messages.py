@@ -269,3 +269,16 @@ def test_timeout_is_anthropic_shaped_in_reply_and_stream(make_gateway):
         with c.messages.stream(**kw) as s:
             list(s)
     assert e.value.body["error"]["type"] == "timeout_error" and "request_timeout_s" in e.value.message
+
+
+def test_final_assistant_turn_is_a_prefill(gw, client, engine):
+    msgs = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "The answer is"}]
+    r = client.messages.create(model="m", max_tokens=3, messages=msgs, extra_headers={"X-Session-Id": "prefill"},
+                               extra_body={"return_token_ids": True})
+    (t,) = turns(gw, "alice/prefill")
+    text = engine.tokenizer.apply_chat_template(msgs, tokenize=False, continue_final_message=True)
+    assert t.prompt_ids == engine.tokenizer.encode(text, add_special_tokens=False) == r.model_extra["prompt_token_ids"]
+    assert t.messages == msgs and r.usage.output_tokens == 3
+    err = _bad_request(lambda: client.messages.create(model="m", max_tokens=2, messages=msgs + [
+        {"role": "user", "content": []}]))  # an empty turn is refused, not read as a prefill of the one before
+    assert err["message"].startswith("messages.2.content: all messages must have non-empty content")

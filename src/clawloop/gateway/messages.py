@@ -218,6 +218,10 @@ def messages_to_chat(raw: Any, system: Any) -> list[dict[str, Any]]:
         if "content" not in m:
             raise bad_value(f"{p}.content: Field required.", f"{p}.content", code="missing_required_parameter")
         blocks = [(b, f"{p}.content.{j}") for j, b in enumerate(_blocks(m["content"], f"{p}.content"))]
+        if m["content"] in ("", []) and not (role == "assistant" and i == len(raw) - 1):
+            # as Anthropic: an empty user turn would otherwise turn the assistant's before it into a prefill
+            raise bad_value(f"{p}.content: all messages must have non-empty content except for the optional "
+                            "final assistant message.", f"{p}.content")
         if turns and turns[-1][0] == role:  # consecutive turns of one role are one turn
             turns[-1][1].extend(blocks)
         else:
