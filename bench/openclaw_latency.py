@@ -54,7 +54,7 @@ def run_profile(profile: str, sessions: int, turns: int, work: Path) -> dict:
     server = Server([], str(data))
     rows = []
     try:
-        oc = OpenClaw(work / f"openclaw-{profile}", server.url + "/v1", profile=profile)
+        oc = OpenClaw(work / f"openclaw-{profile}", server.url, profile=profile)
         for s in range(sessions):
             for i in range(turns):
                 c0, t0 = _request_totals(server.url)

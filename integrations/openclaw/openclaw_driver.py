@@ -10,7 +10,7 @@ unless `OPENCLAW_STATE_DIR` / `OPENCLAW_CONFIG_PATH` say otherwise, and reads `~
 pointing all three (and HOME) into a temp folder means a test never reads or writes the user's own
 OpenClaw.
 
-    oc = OpenClaw(tmp_path / "oc", "http://127.0.0.1:8000/v1", profile="lean")
+    oc = OpenClaw(tmp_path / "oc", "http://127.0.0.1:8000", profile="lean")
     seconds, out = oc.agent("s1", "What is 2+3?")
 """
 
@@ -41,12 +41,13 @@ def missing() -> str:
     return ""
 
 
-def config(base_url: str, profile: str = "lean", api: str = "openai-completions") -> dict[str, Any]:
-    """The shipped `openclaw*.json` of `profile`, pointed at `base_url` (`http://host:port/v1`; for
-    `anthropic-messages` the same URL: OpenClaw appends `/messages`)."""
+def config(server: str, profile: str = "lean", api: str = "openai-completions") -> dict[str, Any]:
+    """The shipped `openclaw*.json` of `profile`, pointed at the clawloop at `server` (`http://host:port`):
+    `openai-completions` takes the base URL with `/v1`; `anthropic-messages` (Anthropic's SDK, which
+    appends `/v1/messages` itself) without."""
     cfg = json.loads(PROFILES[profile].read_text())
     provider = cfg["models"]["providers"]["clawloop"]
-    provider["baseUrl"] = base_url
+    provider["baseUrl"] = server.rstrip("/") + ("/v1" if api == "openai-completions" else "")
     provider["api"] = api
     return cfg
 
@@ -54,11 +55,11 @@ def config(base_url: str, profile: str = "lean", api: str = "openai-completions"
 class OpenClaw:
     """One isolated OpenClaw install state (config, sessions, workspace) under `home`."""
 
-    def __init__(self, home: Path, base_url: str, *, profile: str = "lean", api: str = "openai-completions"):
+    def __init__(self, home: Path, server: str, *, profile: str = "lean", api: str = "openai-completions"):
         self.home = Path(home)
         (self.home / "state").mkdir(parents=True, exist_ok=True)
         self.config_path = self.home / "openclaw.json"
-        self.config_path.write_text(json.dumps(config(base_url, profile, api), indent=2))
+        self.config_path.write_text(json.dumps(config(server, profile, api), indent=2))
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCLAW_")}
         self.env.update(HOME=str(self.home), OPENCLAW_HOME=str(self.home),
                         OPENCLAW_STATE_DIR=str(self.home / "state"), OPENCLAW_CONFIG_PATH=str(self.config_path),
