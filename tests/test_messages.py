@@ -153,7 +153,7 @@ def test_raw_stream_has_event_lines(gw):
 
 def test_forced_tool_use_then_tool_result_is_next_state(gw, client):
     q = {"role": "user", "content": "What is 12+7?"}
-    r = client.messages.create(model="m", max_tokens=40, extra_body=GREEDY, tools=[CALC], tool_choice=FORCE_CALC,
+    r = client.messages.create(model="m", max_tokens=80, extra_body=GREEDY, tools=[CALC], tool_choice=FORCE_CALC,
                                messages=[q], extra_headers={"X-Session-Id": "tools"})
     assert r.stop_reason == "tool_use"
     (use,) = [b for b in r.content if b.type == "tool_use"]
@@ -172,7 +172,7 @@ def test_forced_tool_use_then_tool_result_is_next_state(gw, client):
 
 
 def test_streamed_tool_use(client):
-    with client.messages.stream(model="m", max_tokens=40, extra_body=GREEDY, tools=[CALC], tool_choice=FORCE_CALC,
+    with client.messages.stream(model="m", max_tokens=80, extra_body=GREEDY, tools=[CALC], tool_choice=FORCE_CALC,
                                 messages=[{"role": "user", "content": "What is 12+7?"}]) as s:
         events = list(s)
         final = s.get_final_message()
@@ -282,3 +282,23 @@ def test_final_assistant_turn_is_a_prefill(gw, client, engine):
     err = _bad_request(lambda: client.messages.create(model="m", max_tokens=2, messages=msgs + [
         {"role": "user", "content": []}]))  # an empty turn is refused, not read as a prefill of the one before
     assert err["message"].startswith("messages.2.content: all messages must have non-empty content")
+
+
+def test_tool_choice_any_without_parallel_calls(gw, client):
+    r = client.messages.create(model="m", max_tokens=80, tools=[CALC], messages=[{"role": "user", "content": "12+7"}],
+                               tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                               extra_body={"seed": 2})
+    assert r.stop_reason == "tool_use" and [b.type for b in r.content if b.type == "tool_use"] == ["tool_use"]
+    _, t = turn_of(gw, r.id)
+    assert t.sampling["constraint"]["tool_choice"] == "required"
+    assert t.sampling["constraint"]["parallel_tool_calls"] is False
+
+
+def test_output_config_json_schema(client):
+    schema = {"type": "object", "properties": {"verdict": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+              "required": ["verdict", "sure"], "additionalProperties": False}
+    r = client.messages.create(model="m", max_tokens=30, messages=[{"role": "user", "content": "Is 2+2 4?"}],
+                               output_config={"format": {"type": "json_schema", "schema": schema}},
+                               extra_body={"seed": 4})
+    got = json.loads(r.content[0].text)
+    assert set(got) == {"verdict", "sure"} and got["verdict"] in ("yes", "no") and isinstance(got["sure"], bool)
