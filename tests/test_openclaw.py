@@ -55,6 +55,18 @@ def _metric(text: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
+def _assert_token_exact(turns: list, tok) -> None:
+    """The stored prompt ids are the rendering of the stored messages and tools; the response ids
+    decode to the stored text and each has its logprob."""
+    for t in turns:
+        assert t.finish_reason in ("stop", "length", "tool_calls"), t.finish_reason
+        assert render_prompt(tok, t.messages, t.tools) == t.prompt_ids
+        assert len(t.response_logprobs) == len(t.response_ids) > 0
+        if not t.tool_calls:
+            assert tok.decode(t.response_ids, skip_special_tokens=True) == t.response_text
+        assert t.messages[0]["role"] == "system" and "OpenClaw" in t.messages[0]["content"]
+
+
 def test_openclaw_sessions_are_captured_linked_judged_and_trained(tmp_path: Path) -> None:
     if missing():
         pytest.fail(f"OpenClaw is not installed ({missing()}); `make test-openclaw` installs it first")
@@ -62,7 +74,7 @@ def test_openclaw_sessions_are_captured_linked_judged_and_trained(tmp_path: Path
     server = Server(["--rollout-batch-size", "2", "--no-publish-gate", "--judge-poll-interval-s", "0.2"],
                     str(data))
     try:
-        oc = OpenClaw(tmp_path / "openclaw", server.url + "/v1", profile="lean")
+        oc = OpenClaw(tmp_path / "openclaw", server.url, profile="lean")
         walls = []
         for s, messages in enumerate(SESSIONS):
             for m in messages:
@@ -95,13 +107,7 @@ def test_openclaw_sessions_are_captured_linked_judged_and_trained(tmp_path: Path
     # Every LLM call OpenClaw made is a stored turn, token-exact: the stored prompt ids are the
     # rendering of the stored messages and tools, the response ids decode to the stored text.
     assert len(turns) == requests == 9, (len(turns), requests)
-    for t in turns:
-        assert t.finish_reason in ("stop", "length", "tool_calls"), t.finish_reason
-        assert render_prompt(tok, t.messages, t.tools) == t.prompt_ids
-        assert len(t.response_logprobs) == len(t.response_ids) > 0
-        if not t.tool_calls:
-            assert tok.decode(t.response_ids, skip_special_tokens=True) == t.response_text
-        assert t.messages[0]["role"] == "system" and "OpenClaw" in t.messages[0]["content"]
+    _assert_token_exact(turns, tok)
     # Main, all of them: the lean profile makes no background calls (no compaction, memory flush or
     # title call at ~6 k of a 32 k window); a side turn here would be one we failed to explain.
     assert {t.type for t in turns} == {"main"}
@@ -119,7 +125,7 @@ def test_openclaw_sessions_are_captured_linked_judged_and_trained(tmp_path: Path
             assert t.next_state is not None and t.next_state["role"] == "user"
             assert t.next_state["content"].endswith(nxt), (t.next_state, nxt)
         for i, t in enumerate(ts):
-            assert t.messages[-1]["content"].endswith(messages[i])
+            assert messages[i] in t.messages[-1]["content"]
     # The six linked turns are judged: the thanks +1, the corrections -1.
     linked = [t for t in turns if t.next_state is not None]
     assert len(linked) == 6
@@ -132,4 +138,40 @@ def test_openclaw_sessions_are_captured_linked_judged_and_trained(tmp_path: Path
     print(json.dumps({"openclaw_wall_s": [round(w, 1) for w in walls],
                       "prompt_tokens": [len(t.prompt_ids) for t in sorted(turns, key=lambda t: t.id)],
                       "captured": len(turns), "requests": requests, "linked": len(linked),
-                      "judged": len(scores), "policy_version": health["policy_version"]}))
+                      "judged": len(scores), "tool_calls": sum(bool(t.tool_calls) for t in turns),
+                      "policy_version": health["policy_version"]}))
+
+
+def test_openclaw_anthropic_messages_provider(tmp_path: Path) -> None:
+    """OpenClaw's `anthropic-messages` provider (Anthropic's SDK inside OpenClaw) against clawloop's
+    POST /v1/messages: one session of 3 turns, captured token-exact on the same path as chat, linked
+    header-less into one session, the two next states judged."""
+    if missing():
+        pytest.fail(f"OpenClaw is not installed ({missing()}); `make test-openclaw` installs it first")
+    data = tmp_path / "data"
+    server = Server(["--judge-poll-interval-s", "0.2"], str(data))
+    try:
+        oc = OpenClaw(tmp_path / "openclaw", server.url, profile="lean", api="anthropic-messages")
+        messages = SESSIONS[0]
+        for m in messages:
+            oc.agent("oc-anthropic", m)
+        deadline = time.time() + 120
+        while time.time() < deadline and \
+                _metric(httpx.get(server.url + "/metrics", timeout=10).text, "clawloop_judge_judged") < 2:
+            time.sleep(1)
+        requests = _metric(httpx.get(server.url + "/metrics", timeout=10).text, "clawloop_requests_total")
+    finally:
+        server.stop()
+    store = open_store(data / "clawloop.db")
+    try:
+        sessions = dict(store.iter_sessions())
+        turns = sorted((t for ts in sessions.values() for t in ts), key=lambda t: t.index)
+        judged = [store.get_judgement(t.id, "offline") for t in turns]
+    finally:
+        store.close()
+    assert len(turns) == requests == 3 and len(sessions) == 1, (len(turns), requests, sorted(sessions))
+    _assert_token_exact(turns, AutoTokenizer.from_pretrained(model_path(Config())))
+    assert {t.type for t in turns} == {"main"}
+    for t, nxt in zip(turns, messages[1:]):
+        assert t.next_state is not None and t.next_state["content"].endswith(nxt)
+    assert [j.score if j else None for j in judged[:2]] == [1, -1], judged
