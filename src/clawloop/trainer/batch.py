@@ -1,7 +1,11 @@
 """A step's samples as tensors: the teacher's signal per sample, one micro-batch (`MicroBatch`), and how a
 step is cut (mini-batches by `split_even`, micro-batches under the token budget by `budget_groups`).
 
-Every (B, L-1) tensor is aligned with the *predicted* positions: column t is about token t + 1.
+Every (B, W) tensor is aligned with the *predicted* positions of the micro-batch's loss window: column
+t is about token `start` + t + 1. The window runs from the first to the last position any row trains
+on (`loss_window`): an agent's turn trains ~100s of answer tokens after a prompt of 28 k, and the
+logits (W, V) of the window are what the losses read, where the (L, V) of the whole sample would not
+fit. Without a window (a custom loss plugin sees whole rows) W = L - 1 and start = 0.
 """
 
 from __future__ import annotations
@@ -36,34 +40,46 @@ class TeacherSignal:
 class MicroBatch:
     """One micro-batch as tensors; `old`, `is_w` and `fixed_stats` are filled once old logprobs exist."""
 
-    tokens: torch.Tensor  # (B, L) right-padded
+    tokens: torch.Tensor  # (B, L) right-padded: the forward's input, whole
     attn: torch.Tensor  # (B, L)
-    mask: torch.Tensor  # (B, L-1) loss mask on the *predicted* positions
-    engine_lp: torch.Tensor  # (B, L-1)
+    mask: torch.Tensor  # (B, W) loss mask on the window's *predicted* positions
+    engine_lp: torch.Tensor  # (B, W)
     has_engine_lp: torch.Tensor  # (B,)
     scores: torch.Tensor  # (B,) RL score after group normalisation, nan where none
-    pre_adv: torch.Tensor  # (B, L-1) precomputed advantages (rollout-buffer groups), 0 where none
+    pre_adv: torch.Tensor  # (B, W) precomputed advantages (rollout-buffer groups), 0 where none
     has_pre: torch.Tensor  # (B,)
-    teacher_lp: torch.Tensor | None  # (B, L-1) nan rows where no teacher
-    topk_ids: torch.Tensor | None  # (B, L-1, K)
-    topk_lp: torch.Tensor | None  # (B, L-1, K)
+    teacher_lp: torch.Tensor | None  # (B, W) nan rows where no teacher
+    topk_ids: torch.Tensor | None  # (B, W, K)
+    topk_lp: torch.Tensor | None  # (B, W, K)
     has_topk: torch.Tensor  # (B,)
-    ref_lp: torch.Tensor | None  # (B, L-1)
+    ref_lp: torch.Tensor | None  # (B, W)
     temperature: torch.Tensor  # (B,) sampling temperature (1: the raw distribution)
     top_p: torch.Tensor  # (B,)
     rows: int = 0
     teacher_agrees: torch.Tensor | None = None
-    """(B, L-1) the next token is the teacher's own top-1 (with `opd_credit` divergence)."""
+    """(B, W) the next token is the teacher's own top-1 (with `opd_credit` divergence)."""
     ref_logits: torch.Tensor | None = None
-    """(B, L-1, V) the base weights' logits (with `anchor_coef`)."""
+    """(B, W, V) the base weights' logits (with `anchor_coef`)."""
     constrained: torch.Tensor | None = None
     """(B,) rows sampled under a grammar constraint: their engine logprobs are renormalised over the
     allowed ids (`sampling.logprobs == "constrained"`), so they exceed the trainer's raw ones by
     -log(allowed mass). TIS uses them as they are (the weight is that mass: the importance weight of
     sampling from the masked distribution); the drift metric leaves them out."""
-    old: torch.Tensor | None = None  # (B, L-1) logprobs before the first update
-    is_w: torch.Tensor | None = None  # (B, L-1) TIS weights
+    old: torch.Tensor | None = None  # (B, W) logprobs before the first update
+    is_w: torch.Tensor | None = None  # (B, W) TIS weights
     fixed_stats: dict[str, float] = dataclasses.field(default_factory=dict)
+    start: int = 0
+    """The first predicted position of the window (column 0 is about token `start` + 1)."""
+
+    @property
+    def end(self) -> int:
+        """One past the window's last predicted position."""
+        return self.start + self.mask.shape[1]
+
+    @property
+    def targets(self) -> torch.Tensor:
+        """(B, W) the tokens the window's positions predict."""
+        return self.tokens[:, self.start + 1:self.end + 1]
 
     @property
     def tempered(self) -> torch.Tensor:
@@ -117,11 +133,29 @@ def split_even(n: int, parts: int) -> list[list[int]]:
     return out
 
 
+WINDOW_MIN_SKIP = 1024
+"""Cut a micro-batch to its loss window only when that leaves out at least this many positions. Below it
+the saving is small (< 1024 x V logits), and whole rows keep the built-in objectives' numbers bit for bit
+those of a custom loss (which sees whole rows) on the same batch: the window changes nothing but the
+order of float sums, which the first AdamW update (~ lr x sign(grad)) magnifies where a gradient is ~0."""
+
+
+def loss_window(mask: torch.Tensor, min_skip: int | None = None) -> tuple[int, int]:
+    """(start, end): the predicted positions from the first to the last that any row of `mask` (B, L-1)
+    trains on; every position when none does, or when the window would leave out fewer than `min_skip`."""
+    cols = mask.any(dim=0).nonzero()  # (n, 1)
+    if cols.numel() == 0:
+        return 0, mask.shape[1]
+    a, e = int(cols[0, 0]), int(cols[-1, 0]) + 1
+    min_skip = WINDOW_MIN_SKIP if min_skip is None else min_skip
+    return (a, e) if mask.shape[1] - (e - a) >= min_skip else (0, mask.shape[1])
+
+
 def tensorize(samples: list[Sample], teacher: list[TeacherSignal | None], scores: list[float], *, pad_id: int,
-              device: torch.device) -> MicroBatch:
+              device: torch.device, window: bool = True) -> MicroBatch:
     """One micro-batch of samples as tensors on `device`, with each sample's teacher signal (None: no
-    hint) and RL score (nan: none). The base weights' logprobs (`ref_lp`, `ref_logits`) are the
-    trainer's to fill: they need a forward."""
+    hint) and RL score (nan: none), cut to the loss window (`window` False: whole rows). The base
+    weights' logprobs (`ref_lp`, `ref_logits`) are the trainer's to fill: they need a forward."""
     dev = device
     B = len(samples)
     tokens = pad_rows([s.tokens for s in samples], pad_id, torch.long, dev)  # (B, L)
@@ -158,5 +192,11 @@ def tensorize(samples: list[Sample], teacher: list[TeacherSignal | None], scores
     top_p = torch.tensor([sample_param(s, "top_p") for s in samples], device=dev)  # (B,)
     constrained = torch.tensor([(s.sampling or {}).get("logprobs") == "constrained" for s in samples],
                                device=dev)  # (B,)
-    return MicroBatch(tokens, attn, mask, engine_lp, has_engine, score_t, pre_adv, has_pre, tl, topk_ids, topk_lp,
-                      has_topk, None, temps, top_p, rows=B, constrained=constrained, teacher_agrees=agrees)
+    a, e = loss_window(mask) if window else (0, L - 1)
+
+    def cut(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x[:, a:e].contiguous()  # (B, W, ...): the (B, L-1) storage goes
+
+    return MicroBatch(tokens, attn, cut(mask), cut(engine_lp), has_engine, score_t, cut(pre_adv), has_pre, cut(tl),
+                      cut(topk_ids), cut(topk_lp), has_topk, None, temps, top_p, rows=B, constrained=constrained,
+                      teacher_agrees=cut(agrees), start=a)

@@ -70,6 +70,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import inspect
 import json
 import logging
 import math
@@ -176,18 +177,57 @@ def _entropy_metric(logits: torch.Tensor, mask: torch.Tensor, chunk: int = 1024)
         return total / where.shape[0]
 
 
-def token_logprobs(model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor,
-                   want_logits: bool = False, *,
-                   autocast_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(tokens[:, t+1] | tokens[:, :t+1]) for t in 0..L-2: (B, L-1).
+LOGPROB_CHUNK = 1024
+"""Positions per piece when logprobs are taken from logits: without a graph, one piece's (B, chunk, V)
+float32 log-softmax is all that exists beside the logits, never a second (B, L, V) tensor."""
 
-    `autocast_dtype` (bf16 on CUDA) covers the model's forward only: the log_softmax runs on
-    float32 logits outside it."""
+
+def chunked_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+    """log_softmax(logits.float())[target] per position, `chunk` positions at a time: (B, W) from logits
+    (B, W, V) and targets (B, W). Bit for bit the whole-tensor result (softmax is per position), so the PPO
+    ratio of a no-grad pass against a grad pass is exactly 1 and a custom loss that takes its own
+    log_softmax gets the same numbers. With a graph each piece's log-softmax is kept for the backward
+    (what the whole tensor would keep); without one, each is freed before the next."""
+    chunk = chunk or LOGPROB_CHUNK
+    parts = [torch.log_softmax(logits[:, a:a + chunk].float(), dim=-1)  # (B, c, V)
+             .gather(-1, targets[:, a:a + chunk, None]).squeeze(-1)  # (B, c)
+             for a in range(0, logits.shape[1], chunk)]
+    if not parts:
+        return logits.new_zeros(targets.shape, dtype=torch.float32)
+    return torch.cat(parts, dim=1)
+
+
+@functools.cache
+def _keeps_logits_window(cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
+
+
+def window_logits(model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor, start: int, end: int, *,
+                  autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The logits of predicted positions start..end-1 only (position t predicts token t + 1): (B, end-start, V),
+    in the model's dtype. The forward runs over every token (the window's context); the output layer runs on
+    the window alone where the model takes transformers' `logits_to_keep`, which is what keeps a 28 k-token
+    prompt's (L, V) logits from existing when only its answer is trained (a model without it: sliced after)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: the wrapped model
     with _autocast(tokens.device, autocast_dtype):
-        out = model(input_ids=tokens, attention_mask=attn, use_cache=False)
-    logits = out.logits[:, :-1, :].float()  # (B, L-1, V)
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, L-1)
-    return lp, (logits if want_logits else None)
+        if _keeps_logits_window(type(base)):
+            keep = torch.arange(start, end, device=tokens.device)  # (W,)
+            return model(input_ids=tokens, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits
+        return model(input_ids=tokens, attention_mask=attn, use_cache=False).logits[:, start:end]
+
+
+def token_logprobs(model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor,
+                   want_logits: bool = False, *, autocast_dtype: torch.dtype | None = None,
+                   start: int = 0, end: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(tokens[:, t+1] | tokens[:, :t+1]) for t in start..end-1 (default: 0..L-2): (B, W), and with
+    `want_logits` the window's float32 logits (B, W, V).
+
+    `autocast_dtype` (bf16 on CUDA) covers the model's forward only: the logprobs are taken in float32,
+    in pieces (`chunked_logprobs`). Only the window's logits are computed (`window_logits`)."""
+    end = tokens.shape[1] - 1 if end is None else end
+    logits = window_logits(model, tokens, attn, start, end, autocast_dtype=autocast_dtype)  # (B, W, V)
+    lp = chunked_logprobs(logits, tokens[:, start + 1:end + 1])  # (B, W)
+    return lp, (logits.float() if want_logits else None)
 
 
 def check_teacher_vocab(policy_tokenizer: Any, teacher_tokenizer: Any, path: str) -> None:
@@ -427,11 +467,12 @@ class Trainer:
                 for group in budget_groups([len(x) for x in seqs], self.tc.micro_batch_tokens):
                     tokens = pad_rows([seqs[i] for i in group], self.pad_id, torch.long, self.device)  # (B, L)
                     attn = pad_rows([[1] * len(seqs[i]) for i in group], 0, torch.long, self.device)  # (B, L)
-                    with _autocast(self.device, self.autocast_dtype):
-                        logits = model(input_ids=tokens, attention_mask=attn, use_cache=False).logits  # (B, L, V')
+                    lo = min(len(rows[i][0]) - 1 for i in group)  # the responses' positions only (window_logits)
+                    hi = max(len(rows[i][0]) - 1 + len(rows[i][1]) for i in group)
+                    logits = window_logits(model, tokens, attn, lo, hi, autocast_dtype=self.autocast_dtype)  # (B, W, V')
                     for j, i in enumerate(group):
                         prompt, resp = rows[i]
-                        a, n = len(prompt) - 1, len(resp)
+                        a, n = len(prompt) - 1 - lo, len(resp)
                         # a teacher with padded extra output rows: the policy's vocabulary only
                         logp = torch.log_softmax(logits[j, a:a + n, :self.vocab_size].float(), dim=-1)  # (n, V)
                         ids = torch.tensor(resp, dtype=torch.long, device=self.device)  # (n,)
@@ -539,20 +580,24 @@ class Trainer:
     def _tensorize(self, samples: list[Sample], teacher: list[TeacherSignal | None], scores: list[float],
                    ref: bool) -> MicroBatch:
         """`batch.tensorize`, plus the base weights' logprobs (`ref`: for the KL) and logits (for the anchor)."""
-        b = tensorize(samples, teacher, scores, pad_id=self.pad_id, device=self.device)
+        # a custom loss sees whole rows (its inputs line up with `tokens`); the built-in ones the loss window
+        b = tensorize(samples, teacher, scores, pad_id=self.pad_id, device=self.device, window=self.custom_loss is None)
         if ref or self.anchors:
             with self.frozen_model() as base:
-                ref_lp, b.ref_logits = self._eval_logprobs(base, b.tokens, b.attn, want_logits=self.anchors)
+                ref_lp, b.ref_logits = self._eval_logprobs(base, b.tokens, b.attn, want_logits=self.anchors,
+                                                           start=b.start, end=b.end)
             b.ref_lp = ref_lp if ref else None
         return b
 
     def _eval_logprobs(self, model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor,
-                       want_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       want_logits: bool = False, *, start: int = 0,
+                       end: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         was = model.training
         model.eval()
         try:
             with torch.no_grad():
-                return token_logprobs(model, tokens, attn, want_logits, autocast_dtype=self.autocast_dtype)
+                return token_logprobs(model, tokens, attn, want_logits, autocast_dtype=self.autocast_dtype,
+                                      start=start, end=end)
         finally:
             model.train(was)
 
@@ -576,16 +621,16 @@ class Trainer:
 
     # -- old logprobs, objective, loss -----------------------------------------
     def _set_old(self, b: MicroBatch, old: torch.Tensor, logits: torch.Tensor | None) -> None:
-        """Fill the batch's old logprobs (B, L-1) and TIS weights: what every update reuses."""
+        """Fill the batch's old logprobs (B, W) and TIS weights: what every update reuses."""
         t = self.tc
         old = old.detach()
-        behaviour = torch.where(b.has_engine_lp[:, None], b.engine_lp, old)  # (B, L-1)
+        behaviour = torch.where(b.has_engine_lp[:, None], b.engine_lp, old)  # (B, W)
         if bool(b.tempered.any()):
             # Sampled at T != 1 / top-p < 1: the behaviour logprob is the tempered, truncated one.
             # The trainer's logits stand in for the engine's; the engine/trainer drift measured on
             # the raw distribution (engine - old) is carried over, so with T = 1 this is exact.
             with torch.no_grad():
-                lq = behaviour_logprobs(logits.detach(), b.tokens[:, 1:], b.temperature, b.top_p)  # (B, L-1)
+                lq = behaviour_logprobs(logits.detach(), b.targets, b.temperature, b.top_p)  # (B, W)
             behaviour = torch.where(b.tempered[:, None], lq + (behaviour - old), behaviour)
         b.is_w, tis_stats = tis_weights(old, behaviour, b.mask, cap=t.tis_cap or None)
         if b.constrained is not None and bool(b.constrained.any()):
@@ -631,7 +676,7 @@ class Trainer:
             terms.append(obj)
             stats.update(s)
         if b.ref_logits is not None:
-            amask = anchor_positions(b.mask, b.scores, b.has_pre, b.teacher_agrees)  # (B, L-1)
+            amask = anchor_positions(b.mask, b.scores, b.has_pre, b.teacher_agrees)  # (B, W)
             an, s = anchor_kl_loss(logits, b.ref_logits, amask, coef=t.anchor_coef, agg=t.loss_agg, denominator=denom)
             terms.append(an)
             stats.update(s)
@@ -694,7 +739,8 @@ class Trainer:
                     for b in mbs:
                         tempered = bool(b.tempered.any())
                         old, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=tempered,
-                                                     autocast_dtype=self.autocast_dtype)  # (B, L-1)
+                                                     autocast_dtype=self.autocast_dtype, start=b.start,
+                                                     end=b.end)  # (B, W)
                         self._set_old(b, old, logits)
 
         updates: list[tuple[dict[str, float], float, float]] = []
@@ -705,8 +751,8 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             parts = []
             for b in mbs:
-                lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=True,
-                                            autocast_dtype=self.autocast_dtype)  # (B, L-1), (B, L-1, V)
+                lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=True, autocast_dtype=self.autocast_dtype,
+                                            start=b.start, end=b.end)  # (B, W), (B, W, V)
                 if b.old is None:  # one update: this forward is from before it
                     self._set_old(b, lp, logits)
                 loss, s = self._loss(b, lp, logits, denom, use_pg)
