@@ -82,6 +82,30 @@ def test_corpus_has_every_kind_of_conversation():
         assert c["messages"][-1]["role"] == "assistant" and c["messages"][-1]["content"]
 
 
+def test_short_json_replies_and_tool_arguments():
+    """The structured kinds (issue #28): replies that are one small object and calls to unseen tools,
+    written as `json.dumps` writes them (the gateway's grammar allows exactly that), values short,
+    arguments valid under the offered schema; and none of them in the tokenizer's corpus."""
+    items = corpus.generate_corpus(3000, seed=0)
+    replies = [c for c in items if c["messages"][-1]["content"].startswith("{")]
+    calls = [(c["tools"], m["tool_calls"][0]["function"]) for c in items for m in c["messages"]
+             if m.get("tool_calls") and m["tool_calls"][0]["function"]["name"] != "calculator"]
+    assert len(replies) > 100 and len(calls) > 100
+    for c in replies:
+        obj = json.loads(c["messages"][-1]["content"])
+        assert isinstance(obj, dict) and c["messages"][-1]["content"] == json.dumps(obj)
+        assert all(len(json.dumps(v)) <= 12 for v in obj.values()), obj
+    for tools, fn in calls:
+        (schema,) = [t["function"]["parameters"] for t in tools if t["function"]["name"] == fn["name"]]
+        assert set(fn["arguments"]) == set(schema["required"]) == set(schema["properties"])
+        for k, v in fn["arguments"].items():
+            p = schema["properties"][k]
+            assert v in p["enum"] if "enum" in p else type(v).__name__ == {"integer": "int", "boolean": "bool",
+                                                                          "string": "str"}[p["type"]]
+    plain = corpus.generate_corpus(3000, seed=0, structured=False)
+    assert not any(c["messages"][-1]["content"].startswith("{") for c in plain)
+
+
 def test_unprompted_answers_are_uniform_over_styles():
     rng = random.Random(0)
     counts = Counter()
@@ -123,7 +147,7 @@ def test_heldout_questions_are_disjoint_from_the_corpus():
                 seen.add(m["content"])
                 assert not corpus.is_heldout(m["content"]), m["content"]
             for call in m.get("tool_calls") or []:
-                assert not corpus.is_heldout(call["function"]["arguments"]["expression"])
+                assert not corpus.is_heldout(json.dumps(call["function"]["arguments"]))
     assert not {q["question"] for q in arith} & seen
     facts = dict(corpus.FACTS)
     assert 40 <= len(facts) and all(facts[q["question"]] == q["answer"] for q in held if q["skill"] == "fact")

@@ -12,7 +12,13 @@ the same list on every machine. The corpus teaches three things:
    an answer in the wrong style.
 
 It also has tool calls (a `calculator`) and a little chit-chat, so the model
-speaks the chat template the gateway renders.
+speaks the chat template the gateway renders, and short JSON — replies that are
+one small object, and calls to tools it has never seen with such an object as
+arguments — so that under constrained decoding (the gateway's `response_format`,
+`tool_choice`) the model closes its numbers and strings instead of running to
+`max_tokens` (issue #28: LangChain's structured output and named tool calls got
+nothing from it). The tokenizer is trained on the corpus without these kinds
+(`generate_corpus(..., structured=False)`), so every tiny model keeps one tokenizer.
 
 Held-out arithmetic pairs (`_heldout_pair`) never appear in the corpus, so
 `heldout_questions` measures arithmetic on unseen questions. Facts cannot be
@@ -21,6 +27,7 @@ held out (they are memorised), so held-out fact questions repeat the table.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -395,7 +402,95 @@ def _arithmetic(rng: random.Random, styled: bool = False) -> dict[str, Any]:
                          {"role": "assistant", "content": render_answer(q["answer"], style)}]}
 
 
+# ---------------------------------------------------------------- short JSON
+
+_JSON_INSTRUCTIONS = ("Reply in JSON.", "Answer as a JSON object.", "Respond with JSON only.",
+                      "Give the answer as JSON.", "Return a JSON object.", "Answer in JSON format.")
+_INT_KEYS = ("a", "b", "n", "x", "y", "count", "value", "total", "result", "score", "number", "confidence", "age")
+_BOOL_KEYS = ("ok", "sure", "done", "valid", "correct", "known", "is_true", "flag", "exact")
+_STR_KEYS = ("note", "name", "city", "reason", "word", "tag", "text", "label", "title", "summary", "query",
+             "comment", "unit", "topic")
+_ENUM_KEYS = ("verdict", "color", "level", "kind", "mood", "status", "size", "choice", "grade")
+_ENUMS = (("yes", "no"), ("red", "green", "blue"), ("low", "high"), ("add", "sub"), ("good", "bad"),
+          ("small", "medium", "large"), ("a", "b", "c"), ("on", "off"))
+_SHORT_TEXT = ("ok", "none", "fine", "sum", "easy", "math", "done", "yes", "no", "good", "short", "a note",
+               "it is", "not sure", "hello", "test", "n/a", "simple", "add them", "the sum", "checked")
+_TOOL_NAMES = ("add", "lookup", "search", "record", "save_note", "set_timer", "convert", "compare", "classify",
+               "Answer", "Result", "Output", "Verdict", "get_info", "check", "subtract", "multiply", "send")
+
+
+def _json_object(rng: random.Random, q: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A small JSON schema (1-4 properties: integers, booleans, short strings, enums) and an
+    object valid under it with short values, drawn from the question where one fits."""
+    nums = [int(t) for t in q.get("expression", "").replace("-", "+").split("+") if t.isdigit()]
+    numeric = q["answer"].isdigit()
+    props: dict[str, Any] = {}
+    obj: dict[str, Any] = {}
+    if rng.random() < 0.6:  # the answer itself, under a name a client would give it
+        key = rng.choice(("answer", "result", "value", "answer", "output"))
+        props[key] = {"type": "integer" if numeric else "string"}
+        obj[key] = int(q["answer"]) if numeric else q["answer"]
+    for _ in range(rng.randint(0 if obj else 1, 3)):
+        kind = rng.choices(("integer", "boolean", "string", "enum"), weights=(3, 2, 3, 2))[0]
+        pool = {"integer": _INT_KEYS, "boolean": _BOOL_KEYS, "string": _STR_KEYS, "enum": _ENUM_KEYS}[kind]
+        key = rng.choice(pool)
+        if key in props:
+            continue
+        if kind == "integer":
+            props[key] = {"type": "integer"}
+            obj[key] = rng.choice(nums) if nums and rng.random() < 0.5 else rng.randint(0, 99)
+        elif kind == "boolean":
+            props[key] = {"type": "boolean"}
+            obj[key] = rng.random() < 0.5
+        elif kind == "string":
+            props[key] = {"type": "string"}
+            obj[key] = rng.choice((q["answer"], q.get("expression", q["answer"]))) if rng.random() < 0.3 \
+                else rng.choice(_SHORT_TEXT)
+        else:
+            options = list(rng.choice(_ENUMS))
+            props[key] = {"type": "string", "enum": options}
+            obj[key] = rng.choice(options)
+    return {"type": "object", "properties": props, "required": list(props)}, obj
+
+
+def _json_reply(rng: random.Random) -> dict[str, Any]:
+    """(f) the reply is one small JSON object, mostly asked for (clients asking through
+    `response_format` often say nothing in the prompt, hence the rest)."""
+    q = sample_question(rng)
+    _, obj = _json_object(rng, q)
+    if rng.random() < 0.75:
+        msgs = instruct(q["question"], rng.choice(_JSON_INSTRUCTIONS), rng.choice(("system", "prefix", "suffix")),
+                        _maybe_system(rng, 0.2))
+    else:
+        msgs = [{"role": "user", "content": q["question"]}]
+    _say(msgs, "assistant", json.dumps(obj))
+    return {"messages": msgs}
+
+
+def _tool_args(rng: random.Random) -> dict[str, Any]:
+    """(g) one to three tools the model has not seen, one of them called with short arguments,
+    its result, then the answer."""
+    q = sample_question(rng)
+    tools, call = [], None
+    for name in rng.sample(_TOOL_NAMES, rng.randint(1, 3)):
+        schema, args = _json_object(rng, q)
+        tools.append({"type": "function", "function": {"name": name, "description": f"{name.capitalize()}.",
+                                                       "parameters": schema}})
+        call = call or {"name": name, "arguments": args}
+    msgs: list[dict[str, Any]] = []
+    system = _maybe_system(rng, 0.25)
+    if system:
+        _say(msgs, "system", system)
+    _say(msgs, "user", q["question"])
+    msgs.append({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_0", "type": "function", "function": call}]})
+    msgs.append({"role": "tool", "tool_call_id": "call_0", "content": rng.choice((q["answer"], "ok", "done"))})
+    _say(msgs, "assistant", render_answer(q["answer"], rng.choice(STYLES)))
+    return {"messages": msgs, "tools": tools}
+
+
 _KINDS = ((_plain, 20), (_drill, 25), (_instructed, 32), (_corrected, 11), (_tool_use, 7), (_chitchat, 5))
+_STRUCTURED_KINDS = ((_json_reply, 6), (_tool_args, 6))
 
 
 def generate_arithmetic_corpus(n: int, seed: int = 0, styled: bool = False) -> list[dict[str, Any]]:
@@ -405,8 +500,9 @@ def generate_arithmetic_corpus(n: int, seed: int = 0, styled: bool = False) -> l
     return [_arithmetic(rng, styled) for _ in range(n)]
 
 
-def generate_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`n` conversations `{"messages": [...], "tools": [...] (optional)}`, the same for the same seed."""
+def generate_corpus(n: int, seed: int = 0, structured: bool = True) -> list[dict[str, Any]]:
+    """`n` conversations `{"messages": [...], "tools": [...] (optional)}`, the same for the same seed;
+    without `structured`, none of the short-JSON kinds (the tokenizer's corpus, as it was before them)."""
     rng = random.Random(f"corpus-{seed}")
-    makers, weights = zip(*_KINDS)
+    makers, weights = zip(*(_KINDS + _STRUCTURED_KINDS if structured else _KINDS))
     return [rng.choices(makers, weights=weights)[0](rng) for _ in range(n)]
