@@ -58,10 +58,10 @@ class ModelConfig:
     max_batch_size: int = opt(32, "Most sequences the hf engine decodes in one batch.")
     admit_wait_ms: float = opt(0.0, "While the hf engine decodes a batch, how long new requests may wait to be "
                                     "prefilled together (0: at the next step).")
-    max_model_len: int = opt(32768, "Longest prompt + completion, in tokens; longer prompts get a 400. 32768 fits "
-                                    "OpenClaw's default agent prompt (~28 k tokens); the embedded tiny model was "
-                                    "trained on 2048 positions and RoPE carries it past them (README: Use it from "
-                                    "OpenClaw). Set it to your model's context.", flags=("--max-model-len",))
+    max_model_len: int = opt(0, "Longest prompt + completion, in tokens; longer prompts get a 400. 0: 32768 for the "
+                                "embedded tiny model, so OpenClaw's ~29 k-token prompt fits (trained on 2048 "
+                                "positions, RoPE carries it past them: README, Use it from OpenClaw), 2048 for a "
+                                "model you name (set your model's context).", flags=("--max-model-len",))
     threads: int = opt(0, "torch threads for the hf engine (0: leave torch's default).")
     engine_urls: list = opt([], "vLLM servers someone else runs (repeatable): attach instead of starting one; "
                             "started with VLLM_SERVER_DEV_MODE=1 and --enable-scale-out for token ids and publishes.",
@@ -672,6 +672,8 @@ def load_config(flag_values: dict[str, Any] | None = None, *, config_file: str |
         cfg.judge.kind = "url"
     if cfg.train.teacher_model and cfg.train.teacher == "frozen":  # the default: --teacher-model alone says it
         cfg.train.teacher = "model"
+    if not cfg.model.max_model_len:  # 0, the default: by the model served (ModelConfig.max_model_len)
+        cfg.model.max_model_len = 32768 if not cfg.model.path else 2048
     validate(cfg)
     return cfg
 
