@@ -7,10 +7,11 @@
 One train step (`Trainer.step`, CPU, float32) on one sample: an OpenClaw-sized prompt (28 242 tokens,
 its default system prompt and tools with the tiny tokenizer) and a 256-token answer, the answer
 trained (loss mask 1), as a captured agent turn is. Two models: the shipped tiny model (vocabulary
-1 182: its logits are small beside its activations) and a random Qwen2 of the same depth with a
-32 768-entry output layer (a 32 k vocabulary, Llama-2/Mistral-sized: the logits of 28 k positions
-are 3.7 GB of float32 each time they exist). Two objectives: `binary` (judge score as advantage) and
-the default `combine` (which also keeps the base weights' logits for OPD's anchor KL).
+1 182: its logits are small beside its activations) and a random Qwen2 of the same shape with a
+16 384-entry output layer (`--wide-vocab`; the logits of 28 k positions are 1.9 GB of float32 each
+time they exist; a 32 k vocabulary doubles that, past what this shared machine can spare for the
+"before" run). Objectives: `binary` (judge score as advantage) and, on the tiny model, the default
+`combine` (which also keeps the base weights' logits for OPD's anchor KL).
 
 "Before" is the trainer at BEFORE (the commit before the window: whole-row logits, a whole-tensor
 log_softmax), run from `git archive` of it; "after" is this working tree. Every (variant, model,
@@ -46,8 +47,7 @@ def build_wide(out: Path, vocab: int) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from clawloop.tinymodel.build import _save
-    from clawloop.tinymodel.tokenizer import load_tokenizer
+    from clawloop.tinymodel.build import _save, load_tokenizer
 
     tok = load_tokenizer()
     torch.manual_seed(0)
@@ -107,8 +107,10 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=28_242)
     ap.add_argument("--answer", type=int, default=256)
     ap.add_argument("--models", default="tiny,wide")
-    ap.add_argument("--methods", default="binary,combine")
-    ap.add_argument("--wide-vocab", type=int, default=32_768)
+    ap.add_argument("--methods", default="binary,combine", help="objectives on the tiny model")
+    ap.add_argument("--wide-methods", default="binary", help="objectives on the wide model (before's combine "
+                    "keeps ~5 copies of its (L, V) logits: past a small machine's memory)")
+    ap.add_argument("--wide-vocab", type=int, default=16_384)
     ap.add_argument("--before", default=BEFORE, help="git revision whose trainer is 'before'")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="trainer-long-"))
@@ -121,7 +123,7 @@ def main() -> None:
         models[m] = ROOT / "src/clawloop/tinymodel/tiny-chat-v1" if m == "tiny" else build_wide(tmp / "wide", args.wide_vocab)
     rows = []
     for name, mdir in models.items():
-        for method in args.methods.split(","):
+        for method in (args.methods if name == "tiny" else args.wide_methods).split(","):
             for variant, src in (("before", tmp / "before" / "src"), ("after", ROOT / "src")):
                 r = run(src, mdir, method, args, tmp)
                 rows.append({"model": name, "method": method, "variant": variant, **r})

@@ -48,8 +48,12 @@ A step (`Trainer.step`):
    clip cannot act: there is nothing yet to clip); with N updates a no-grad
    forward over the whole batch comes first, and from the second update on the
    ratio moves and the clip acts (`train/clip_frac`);
-6. per mini-batch, per micro-batch: forward with grad; TIS weights (old vs the
-   engine's logprobs, per token); the method's objective (`Trainer._objective`:
+6. per mini-batch, per micro-batch: forward with grad (over every token, but
+   logits only for the micro-batch's loss window, the first to the last
+   trained position: `window_logits`, `batch.loss_window`; a 28 k-token
+   agent prompt before a 200-token answer never has its (L, V) logits);
+   TIS weights (old vs the engine's logprobs, per token); the method's
+   objective (`Trainer._objective`:
    one pure function per method, the table in `losses/__init__.py`; each
    builds its per-token advantages with `losses.combined_advantages`, score
    and/or teacher - old, and takes the PPO-clipped loss, or the custom loss in
