@@ -1,7 +1,8 @@
 """Real clients, unchanged, against a real server on loopback (one for the module) with the random
 tiny model: the official `openai` SDK (sync, async, streaming, tools, structured output, typed
 errors, the Responses API), LangChain's `ChatOpenAI`, and the OpenAI Agents SDK with both its
-chat-completions and its Responses model.
+chat-completions and its Responses model. The clients are the versions pyproject's `dev` extra pins
+(the newest the registry has).
 
 A random model writes nothing valid on its own: every tool call and structured object here is
 valid because the gateway constrains decoding to the offered tools and the requested schema.
@@ -247,3 +248,18 @@ def test_agents_responses_model_calls_the_tool_and_answers(gw):
     first, last = turn_of(gw, ids[0]), turn_of(gw, ids[-1])
     assert last.session_id == first.session_id  # one session, linked by previous_response_id
     assert any(m["role"] == "tool" for m in last.messages)
+
+
+def test_clients_are_the_pinned_versions():
+    """The clients tested here are those pyproject pins (kept at the registry's newest): a venv left on
+    older ones would test something no new user runs."""
+    import re
+    import tomllib
+    from importlib.metadata import version
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    dev = project["optional-dependencies"]["dev"]
+    pins = dict(m.groups() for d in dev if (m := re.fullmatch(r"([a-z-]+)==([\w.]+)", d)))
+    for name in ("langchain-openai", "langchain-core", "openai-agents"):
+        assert version(name) == pins[name], f"{name} {version(name)} installed, {pins[name]} pinned"
