@@ -146,9 +146,9 @@ def main() -> None:
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     print(f"| write a turn, median | {med(before['write_s']) * 1e3:.1f} ms | {med(after['write_s']) * 1e3:.1f} ms | |")
     print(f"| read the session back | {before['read_s'] * 1e3:.1f} ms | {after['read_s'] * 1e3:.1f} ms | |")
-    print(json.dumps({"bench": "store_bytes", "turns": n, "system_tokens": args.system_tokens, "before_rev": args.before,
-                      "before": before, "after": after,
-                      "ratio_total": bb[-1] / ab[-1], "ratio_added_per_turn": (bb[-1] - bb[0]) / max(1, ab[-1] - ab[0])}))
+    print(json.dumps({"bench": "store_bytes", "turns": n, "system_tokens": args.system_tokens,
+                      "before_rev": args.before, "before": before, "after": after, "ratio_total": bb[-1] / ab[-1],
+                      "ratio_added_per_turn": (bb[-1] - bb[0]) / max(1, ab[-1] - ab[0])}))
 
 
 if __name__ == "__main__":

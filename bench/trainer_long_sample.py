@@ -54,7 +54,8 @@ def build_wide(out: Path, vocab: int) -> Path:
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                       tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                      rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+                      rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
     _save(Qwen2ForCausalLM(cfg), tok, out)
     return out
 
@@ -80,6 +81,7 @@ def worker(model_dir: str, data_dir: str, method: str, prompt: int, answer: int)
     sample = Sample(tokens=tokens, loss_mask=[0] * prompt + [1] * answer,
                     rollout_logprobs=[0.0] * prompt + [-2.0] * answer, prompt_len=prompt, reward=1.0,
                     advantages=[0.0] * prompt + [1.0] * answer)
+
     def rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -120,7 +122,8 @@ def main() -> None:
     tarfile.open(fileobj=BytesIO(tar.stdout)).extractall(tmp / "before")
     models = {}
     for m in args.models.split(","):
-        models[m] = ROOT / "src/clawloop/tinymodel/tiny-chat-v1" if m == "tiny" else build_wide(tmp / "wide", args.wide_vocab)
+        tiny = ROOT / "src/clawloop/tinymodel/tiny-chat-v1"
+        models[m] = tiny if m == "tiny" else build_wide(tmp / "wide", args.wide_vocab)
     rows = []
     for name, mdir in models.items():
         for method in (args.methods if name == "tiny" else args.wide_methods).split(","):
@@ -138,7 +141,8 @@ def main() -> None:
             print(f"| {b['model']} | {b['method']} | {b.get('failed', '')} | {a.get('failed', '')} | | | | |")
             continue
         own_b, own_a = b["peak_rss_mb"] - b["rss_before_step_mb"], a["peak_rss_mb"] - a["rss_before_step_mb"]
-        print(f"| {b['model']} | {b['method']} | {b['peak_rss_mb']:,.0f} MB ({own_b:,.0f}) | {a['peak_rss_mb']:,.0f} MB "
+        print(f"| {b['model']} | {b['method']} | {b['peak_rss_mb']:,.0f} MB ({own_b:,.0f}) | "
+              f"{a['peak_rss_mb']:,.0f} MB "
               f"({own_a:,.0f}) | {own_b / max(own_a, 1):.1f}x | {b['loss']:.6g} / {a['loss']:.6g} | "
               f"{b['grad_norm']:.6g} / {a['grad_norm']:.6g} | {b['step_s']:.1f} / {a['step_s']:.1f} |")
     print(json.dumps({"bench": "trainer_long_sample", "prompt": args.prompt, "answer": args.answer,

@@ -39,8 +39,8 @@ def conversation(sid: str, turns: int, seed: int = 0, system: str | None = None)
         resp = [rng.randrange(1, 150_000) for _ in range(rng.randrange(5, 120))]
         out.append(Turn(session_id=sid, index=i, messages=list(messages), tools=TOOLS, prompt_ids=list(prompt),
                         response_ids=resp, response_logprobs=[-rng.random() for _ in resp], response_text=f"answer {i}",
-                        tool_calls=[{"id": f"c{i}", "type": "function", "function": {"name": "tool_1", "arguments": "{}"}}]
-                        if i % 3 == 0 else None, policy_version=i // 4, request_id=f"{sid}-{i}",
+                        tool_calls=[{"id": f"c{i}", "type": "function",
+                                     "function": {"name": "tool_1", "arguments": "{}"}}] if i % 3 == 0 else None, policy_version=i // 4, request_id=f"{sid}-{i}",
                         next_state={"role": "user", "content": f"ok {i}"}, sampling={"temperature": 1.0},
                         created_at=1000.0 + i))
         messages = messages + [{"role": "assistant", "content": f"answer {i}"}]

@@ -248,7 +248,8 @@ class TurnRows(SQLiteBase):
         out = []
         for sid in reversed(sids):
             rows = c.execute(
-                "SELECT idx, tenant, messages, messages_ref, response_text, tool_calls, next_state IS NOT NULL FROM turns "
+                "SELECT idx, tenant, messages, messages_ref, response_text, tool_calls, next_state IS NOT NULL "
+                "FROM turns "
                 "WHERE session_id=? AND idx=(SELECT MAX(idx) FROM turns WHERE session_id=? AND type=? "
                 "AND trainable=1) ORDER BY choice_index", (sid, sid, TURN_MAIN)).fetchall()
             for idx, tenant, msgs, mref, text, tcs, linked in rows:

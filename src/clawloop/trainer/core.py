@@ -473,7 +473,8 @@ class Trainer:
                     attn = pad_rows([[1] * len(seqs[i]) for i in group], 0, torch.long, self.device)  # (B, L)
                     lo = min(len(rows[i][0]) - 1 for i in group)  # the responses' positions only (window_logits)
                     hi = max(len(rows[i][0]) - 1 + len(rows[i][1]) for i in group)
-                    logits = window_logits(model, tokens, attn, lo, hi, autocast_dtype=self.autocast_dtype)  # (B, W, V')
+                    logits = window_logits(model, tokens, attn, lo, hi,
+                                           autocast_dtype=self.autocast_dtype)  # (B, W, V')
                     for j, i in enumerate(group):
                         prompt, resp = rows[i]
                         a, n = len(prompt) - 1 - lo, len(resp)
@@ -755,8 +756,9 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             parts = []
             for b in mbs:
-                lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=True, autocast_dtype=self.autocast_dtype,
-                                            start=b.start, end=b.end)  # (B, W), (B, W, V)
+                lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=True,
+                                            autocast_dtype=self.autocast_dtype, start=b.start,
+                                            end=b.end)  # (B, W), (B, W, V)
                 if b.old is None:  # one update: this forward is from before it
                     self._set_old(b, lp, logits)
                 loss, s = self._loss(b, lp, logits, denom, use_pg)
