@@ -6,6 +6,7 @@ path:
 
     writer.py      SQLiteBase: the writer thread, retries, the spill file, flush/close
     schema.py      tables, migrations, column order, row <-> record conversion
+    chunks.py      what turns repeat (prompt ids, messages, tools), stored once by content hash
     turns.py       TurnRows: capture's writes, session reads, version numbering
     judgements.py  JudgementRows: verdicts and the trainer cursors
     browse.py      BrowseRows: the dashboard's read-only pages and `stats`
