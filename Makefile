@@ -140,7 +140,7 @@ openclaw: $(OPENCLAW_STAMP)
 test-openclaw: $(DEVSTAMP) $(OPENCLAW_STAMP)
 	$(PYTEST) tests -m openclaw -v
 
-bench: $(BENCHSTAMP)
+bench: $(BENCHSTAMP) $(OPENCLAW_STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
