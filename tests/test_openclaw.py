@@ -104,41 +104,42 @@ def test_openclaw_sessions_are_captured_linked_judged_and_trained(tmp_path: Path
         store.close()
     tok = AutoTokenizer.from_pretrained(model_path(Config()))
 
-    # Every LLM call OpenClaw made is a stored turn, token-exact: the stored prompt ids are the
-    # rendering of the stored messages and tools, the response ids decode to the stored text.
-    assert len(turns) == requests == 9, (len(turns), requests)
+    # Every LLM call OpenClaw made is a stored turn, token-exact. At least one per message: OpenClaw
+    # calls again, with a nudge, when an answer has no visible text (the tiny model sometimes answers
+    # with its end token alone).
+    assert len(turns) == requests >= 9, (len(turns), requests)
     _assert_token_exact(turns, tok)
     # Main, all of them: the lean profile makes no background calls (no compaction, memory flush or
     # title call at ~6 k of a 32 k window); a side turn here would be one we failed to explain.
     assert {t.type for t in turns} == {"main"}
-    # One clawloop session per OpenClaw session, its turns in order, each answer linked to the user's
-    # next message (OpenClaw prefixes it with a timestamp).
+    # One clawloop session per OpenClaw session, its turns numbered in order, and each message's answer
+    # linked to the user's next message (OpenClaw prefixes it with a timestamp) as its next state.
     assert len(sessions) == 3, sorted(sessions)
-    by_first = {}
     for sid, ts in sessions.items():
-        ts = sorted(ts, key=lambda t: t.index)
-        assert [t.index for t in ts] == [0, 1, 2], sid
-        by_first[ts[0].messages[1]["content"]] = ts
+        assert sorted(t.index for t in ts) == list(range(len(ts))), sid
     for messages in SESSIONS:
-        ts = next(v for k, v in by_first.items() if messages[0] in k)
-        for t, nxt in zip(ts, messages[1:]):
-            assert t.next_state is not None and t.next_state["role"] == "user"
-            assert t.next_state["content"].endswith(nxt), (t.next_state, nxt)
-        for i, t in enumerate(ts):
-            assert messages[i] in t.messages[-1]["content"]
-    # The six linked turns are judged: the thanks +1, the corrections -1.
+        ts = next(v for v in sessions.values() if messages[0] in min(v, key=lambda t: t.index).messages[1]["content"])
+        for said, nxt in zip(messages, messages[1:]):
+            linked_to = [t for t in ts if t.next_state and t.next_state["content"].endswith(nxt)]
+            assert len(linked_to) == 1, (nxt, [t.next_state for t in ts])
+            assert linked_to[0].next_state["role"] == "user"
+            assert any(said in str(m["content"]) for m in linked_to[0].messages)
+    # The linked turns are judged: the thanks +1, the corrections -1.
     linked = [t for t in turns if t.next_state is not None]
-    assert len(linked) == 6
+    assert len(linked) >= 6
     scores = {t.next_state["content"].split("] ", 1)[-1]: judged[t.id].score for t in linked if judged[t.id]}
-    assert len(scores) == 6, scores
+    assert len(scores) >= 6 and all(judged[t.id] for t in linked), scores
     assert scores["Thanks, that is right. What is 4+4?"] == 1
     assert scores["No, I meant 4*4, not 4+4."] == -1
     # The policy version advanced: the trainer took the judged OpenClaw turns and published.
     assert health["policy_version"] >= 1, health
     print(json.dumps({"openclaw_wall_s": [round(w, 1) for w in walls],
                       "prompt_tokens": [len(t.prompt_ids) for t in sorted(turns, key=lambda t: t.id)],
-                      "captured": len(turns), "requests": requests, "linked": len(linked),
-                      "judged": len(scores), "tool_calls": sum(bool(t.tool_calls) for t in turns),
+                      "captured": len(turns), "requests": requests, "sessions": len(sessions),
+                      "nudged": sum("did not produce a user-visible answer" in str(t.messages[-1]["content"])
+                                    for t in turns), "linked": len(linked),
+                      "judged": sum(bool(judged[t.id]) for t in turns),
+                      "tool_calls": sum(bool(t.tool_calls) for t in turns),
                       "policy_version": health["policy_version"]}))
 
 
@@ -169,9 +170,52 @@ def test_openclaw_anthropic_messages_provider(tmp_path: Path) -> None:
         judged = [store.get_judgement(t.id, "offline") for t in turns]
     finally:
         store.close()
-    assert len(turns) == requests == 3 and len(sessions) == 1, (len(turns), requests, sorted(sessions))
+    # At least one call per message (OpenClaw calls again when an answer has no visible text).
+    assert len(turns) == requests >= 3 and len(sessions) == 1, (len(turns), requests, sorted(sessions))
     _assert_token_exact(turns, AutoTokenizer.from_pretrained(model_path(Config())))
     assert {t.type for t in turns} == {"main"}
-    for t, nxt in zip(turns, messages[1:]):
-        assert t.next_state is not None and t.next_state["content"].endswith(nxt)
-    assert [j.score if j else None for j in judged[:2]] == [1, -1], judged
+    scores = []
+    for nxt in messages[1:]:
+        linked_to = [(t, j) for t, j in zip(turns, judged) if t.next_state and t.next_state["content"].endswith(nxt)]
+        assert len(linked_to) == 1, (nxt, [t.next_state for t in turns])
+        scores.append(linked_to[0][1].score if linked_to[0][1] else None)
+    assert scores == [1, -1], scores
+
+
+def test_openclaw_tool_call_is_captured_with_its_result(tmp_path: Path) -> None:
+    """A tool call made through OpenClaw's own tools. The tiny model does not call tools on its own, so
+    the model's params force one (`extra_body: {"tool_choice": "required"}`, OpenClaw's documented knob
+    for local models): clawloop's constrained decoding makes the call valid against the offered schema,
+    OpenClaw runs the tool and sends its result back, and that result is the turn's next state. Every
+    later request is forced too, so OpenClaw goes on calling tools until its own run stops (here: a
+    call cut at max_tokens)."""
+    if missing():
+        pytest.fail(f"OpenClaw is not installed ({missing()}); `make test-openclaw` installs it first")
+    data = tmp_path / "data"
+    server = Server([], str(data), command="serve")
+    try:
+        oc = OpenClaw(tmp_path / "openclaw", server.url, profile="lean")
+        cfg = json.loads(oc.config_path.read_text())
+        cfg["agents"]["defaults"]["models"] = {
+            "clawloop/clawloop": {"params": {"extra_body": {"tool_choice": "required", "parallel_tool_calls": False}}}}
+        oc.config_path.write_text(json.dumps(cfg))
+        oc.agent("oc-tools", "Search your tools for the session status.", timeout_s=900)
+        requests = _metric(httpx.get(server.url + "/metrics", timeout=10).text, "clawloop_requests_total")
+    finally:
+        server.stop()
+    store = open_store(data / "clawloop.db")
+    try:
+        turns = [t for _, ts in store.iter_sessions() for t in ts]
+    finally:
+        store.close()
+    # Several sessions are possible: a call whose arguments OpenClaw re-serialises (a 50-digit number
+    # becomes 1e+54) is not recognised in the next request's history, which starts a new session.
+    assert len(turns) == requests >= 2
+    _assert_token_exact(turns, AutoTokenizer.from_pretrained(model_path(Config())))
+    offered = {t["function"]["name"] for t in turns[0].tools}
+    called = [t for t in turns if t.tool_calls]
+    assert called and all(c["function"]["name"] in offered for t in called for c in t.tool_calls)
+    results = [t for t in called if t.next_state is not None]
+    assert results and all(t.next_state["role"] == "tool" for t in results), [t.next_state for t in called]
+    print(json.dumps({"calls": len(turns), "tool_call_turns": len(called), "tool_results_linked": len(results),
+                      "sessions": len({t.session_id for t in turns})}))
