@@ -144,8 +144,12 @@ def test_structured_outputs_through_vllm(vllm_gateway, tool_model_dir):  # noqa:
     r = c.chat.completions.create(model="m", messages=Q, response_format=rf, max_tokens=200, seed=1,
                                   temperature=1.0, extra_headers={"X-Session-Id": "vllm-json"})
     assert r.choices[0].finish_reason == "stop" and valid_answer(json.loads(r.choices[0].message.content))
-    # `add` takes integers: bounded work for any model (the calculator's free string is not)
-    r = c.chat.completions.create(model="m", messages=Q, tools=[ADD], tool_choice="required",
+    # `add` with bounded integers: bounded work for any model (an unbounded integer is not, now that the
+    # grammar leaves no whitespace to end one with; the calculator's free string is not either)
+    bounded = {"type": "integer", "minimum": -999, "maximum": 999}
+    add = {"type": "function", "function": {**ADD["function"], "parameters": {
+        **ADD["function"]["parameters"], "properties": {"a": bounded, "b": bounded}}}}
+    r = c.chat.completions.create(model="m", messages=Q, tools=[add], tool_choice="required",
                                   parallel_tool_calls=False, max_tokens=200, seed=2)
     assert r.choices[0].message.tool_calls, r.choices[0]
     (call,) = r.choices[0].message.tool_calls

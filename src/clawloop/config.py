@@ -61,7 +61,7 @@ class ModelConfig:
     max_model_len: int = opt(0, "Longest prompt + completion, in tokens; longer prompts get a 400. 0: 32768 for the "
                                 "embedded tiny model, so OpenClaw's ~29 k-token prompt fits (trained on 2048 "
                                 "positions, RoPE carries it past them: README, Use it from OpenClaw), 2048 for a "
-                                "model you name (set your model's context).", flags=("--max-model-len",))
+                                "model you name (set your model's context).", flags=("--max-model-len", "--model-max-model-len"))
     threads: int = opt(0, "torch threads for the hf engine (0: leave torch's default).")
     engine_urls: list = opt([], "vLLM servers someone else runs (repeatable): attach instead of starting one; "
                             "started with VLLM_SERVER_DEV_MODE=1 and --enable-scale-out for token ids and publishes.",
