@@ -36,6 +36,7 @@ def run_without_chromium(tmp_path: Path, require: str | None) -> subprocess.Comp
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.browser  # pytest runs of the browser tests: with them, in make test-browser
 def test_a_required_browser_that_is_missing_fails_the_run_naming_it(tmp_path):
     p = run_without_chromium(tmp_path, "sandbox,browser")
     out = p.stdout + p.stderr
@@ -45,6 +46,7 @@ def test_a_required_browser_that_is_missing_fails_the_run_naming_it(tmp_path):
     assert "chromium is not on PATH" in out and "no chromium at" in out, out  # each site says what it looked for
 
 
+@pytest.mark.browser  # pytest runs of the browser tests: with them, in make test-browser
 def test_without_the_requirement_the_same_tests_skip_and_say_why(tmp_path):
     p = run_without_chromium(tmp_path, None)
     out = p.stdout + p.stderr
