@@ -29,11 +29,11 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from io import BytesIO
 from pathlib import Path
+
+from revision import unpack_source  # bench/revision.py (this folder is sys.path[0])
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -116,10 +116,7 @@ def main() -> None:
     ap.add_argument("--before", default=BEFORE, help="git revision whose trainer is 'before'")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="trainer-long-"))
-    tar = subprocess.run(["git", "-C", str(ROOT), "archive", args.before, "src/clawloop"], capture_output=True)
-    if tar.returncode != 0:
-        raise SystemExit(f"git archive {args.before}: {tar.stderr.decode()[-500:]} (run from a clone with history)")
-    tarfile.open(fileobj=BytesIO(tar.stdout)).extractall(tmp / "before")
+    unpack_source(args.before, tmp / "before")
     models = {}
     for m in args.models.split(","):
         tiny = ROOT / "src/clawloop/tinymodel/tiny-chat-v1"
