@@ -97,6 +97,24 @@ def test_constrained_json_leaves_no_free_whitespace(gateway):
     assert args == json.dumps(json.loads(args)), written
 
 
+def test_serve_json_whitespace_lets_a_gateway_pretty_print(make_gateway):
+    """`--json-whitespace N` (serve.json_whitespace) reaches the grammar: pushed toward whitespace, the
+    same request gets gaps of at most N characters; a negative value is a config error naming the key."""
+    g = make_gateway(serve__json_whitespace="3")
+    push = {str(i): 30 for i in _whitespace_ids(g.gw.tok)}
+    rf = {"type": "json_schema", "json_schema": {"name": "thing", "strict": True, "schema": SCHEMA}}
+    r = g.client().chat.completions.create(model="m", messages=Q, response_format=rf, max_tokens=200, seed=0,
+                                           logit_bias=push)
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop" and valid_answer(json.loads(text)), text
+    gaps = re.findall(r"\s+", text)
+    assert text != json.dumps(json.loads(text)) and max(map(len, gaps)) <= 3, text
+    from clawloop.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="serve.json_whitespace"):
+        load_config({"serve__json_whitespace": "-1"}, env={})
+
+
 def test_json_whitespace_option_allows_pretty_json(engine):
     """`json_whitespace=N` (JSON_WHITESPACE): up to N whitespace characters a gap, for pretty JSON."""
     from clawloop.gateway.constraints import _json_format

@@ -110,6 +110,10 @@ class ServeConfig:
                                            "schemas (grammar-constrained decoding); off: the model's calls are "
                                            "parsed as written and may be invalid.",
                                      flags=("--constrain-tool-calls",))
+    json_whitespace: int = opt(0, "Whitespace characters constrained JSON (response_format, tool arguments) may put "
+                                  "in a gap: 0 (default) none, json.dumps' separators only, so a weak model cannot "
+                                  "pad a reply with newlines until max_tokens (vLLM's disable_any_whitespace); N "
+                                  "allows pretty-printed JSON.", flags=("--json-whitespace",))
     status: bool = opt(True, "Live terminal status (only when stdout is a terminal).")
 
 
@@ -692,6 +696,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}: {why}")
 
     need(0 < cfg.serve.port < 65536, "serve.port", f"must be 1..65535, got {cfg.serve.port}")
+    need(cfg.serve.json_whitespace >= 0, "serve.json_whitespace", f"must be >= 0, got {cfg.serve.json_whitespace}")
     need(0 < cfg.buffer.port < 65536, "buffer.port", f"must be 1..65535, got {cfg.buffer.port}")
     need(cfg.model.max_batch_size >= 1, "model.max_batch_size", "must be >= 1")
     need(cfg.model.admit_wait_ms >= 0, "model.admit_wait_ms", "must be >= 0")

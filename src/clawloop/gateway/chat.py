@@ -57,7 +57,7 @@ async def run_chat(gw: Gateway, request: Request, body: dict[str, Any], tenant: 
     req = parse_chat_request(body, max_len, images=gw.images)
     sid, turn_type, done = session if session is not None else gw.session_of(request, req, tenant)
     use_tools = bool(req.tools) and req.tool_choice != "none"
-    constraint = build_constraint(req, use_tools, gw.cfg.serve.constrain_tool_calls)
+    constraint = build_constraint(req, use_tools, gw.cfg.serve.constrain_tool_calls, gw.cfg.serve.json_whitespace)
     if req.logit_bias:
         vocab = max(len(gw.tok), int(getattr(gw.engine, "vocab_size", 0) or 0))
         if bad := [t for t in req.logit_bias if t >= vocab]:
