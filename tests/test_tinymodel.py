@@ -280,16 +280,21 @@ def test_plan_phases():
     from clawloop.tinymodel.build import _conversations, _plan
 
     args = TinyModelArgs(arith_steps=3, steps=4, final_steps=2, batch_size=8, arith_replay=2, final_mixed=3,
-                         replay_weight=0.5, final_weight=0.7)
+                         final_tool_rows=2, replay_weight=0.5, final_weight=0.7)
     convs, parts = _conversations(args, seed=0)
     plan = _plan(args, 0, parts, [len(str(c)) for c in convs])
     assert [len(p[0]) for p in plan] == [8] * 9
-    assert [(len(s), w) for _, s, w in plan] == [(0, 0.0)] * 3 + [(2, 0.5)] * 4 + [(3, 0.7)] * 2
+    assert [(len(s), w) for _, s, w in plan] == [(0, 0.0)] * 3 + [(2, 0.5)] * 4 + [(5, 0.7)] * 2
     assert all(i in parts["warm"] for m, _, _ in plan[:3] for i in m)
     assert all(i in parts["mixed"] for m, _, _ in plan[3:7] for i in m)
     assert all(i in parts["replay"] for _, s, _ in plan[3:7] for i in s)
     assert all(i in parts["final"] for m, _, _ in plan[7:] for i in m)
-    assert all(i in parts["mixed"] for _, s, _ in plan[7:] for i in s)
+    assert all([i in parts["mixed"] for i in s] == [True] * 3 + [False] * 2 for _, s, _ in plan[7:])
+    # the final phase's calculator rows: the call copies the question's operands
+    for i in (i for _, s, _ in plan[7:] for i in s[3:]):
+        user, call = convs[i]["messages"][-4:-2] if convs[i]["messages"][-4]["role"] == "user" else (None, None)
+        assert call["tool_calls"][0]["function"]["arguments"]["expression"].replace("+", " ").replace("-", " ").split() \
+            == [t for t in __import__("re").findall(r"\d+", user["content"])]
     used = [i for m, s, _ in plan for i in m + s]
     assert len(used) == len(set(used))
     assert all(len(convs[i]["messages"]) == 2 for i in parts["warm"])  # one question, one answer

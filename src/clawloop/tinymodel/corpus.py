@@ -355,11 +355,12 @@ def _corrected(rng: random.Random) -> dict[str, Any]:
     return {"messages": msgs}
 
 
-def _tool_use(rng: random.Random) -> dict[str, Any]:
-    """(d) tools declared: arithmetic goes through the calculator, facts are answered directly."""
+def _tool_use(rng: random.Random, arithmetic: bool = False) -> dict[str, Any]:
+    """(d) tools declared: arithmetic goes through the calculator, facts are answered directly
+    (with `arithmetic`, always an arithmetic question: the build's final phase)."""
     tools = [dict(t) for t in rng.choice(_TOOLSETS)]
     style = rng.choice(STYLES)
-    q = sample_question(rng)
+    q = _question(rng, "sub" if rng.random() < 0.2 else "add") if arithmetic else sample_question(rng)
     if rng.random() < 0.3:
         msgs = instruct(q["question"], _any_instruction(style, rng), rng.choice(PLACEMENTS), _maybe_system(rng))
     else:
@@ -498,6 +499,16 @@ def generate_arithmetic_corpus(n: int, seed: int = 0, styled: bool = False) -> l
     with `styled`), the same for the same seed."""
     rng = random.Random(f"arith-{seed}-{int(styled)}")
     return [_arithmetic(rng, styled) for _ in range(n)]
+
+
+def generate_calculator_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """`n` arithmetic questions answered through the calculator: the call copies the operands
+    from the question, the answer copies the tool's result. The build puts a few beside every
+    final-phase batch: at 7 % of the mixed corpus alone the model copied the first operand's
+    tens digit and guessed the rest (units digits right 0.11-0.13, exact calls 5 %; issue #27
+    item 5, bench/toolcall_copy_diagnosis.py)."""
+    rng = random.Random(f"calc-{seed}")
+    return [_tool_use(rng, arithmetic=True) for _ in range(n)]
 
 
 def generate_corpus(n: int, seed: int = 0, structured: bool = True) -> list[dict[str, Any]]:
