@@ -70,6 +70,8 @@ class MicroBatch:
     fixed_stats: dict[str, float] = dataclasses.field(default_factory=dict)
     start: int = 0
     """The first predicted position of the window (column 0 is about token `start` + 1)."""
+    mm: dict[str, torch.Tensor] | None = None
+    """A vision-language model's image inputs for the forward (`vision.SampleImages.batch_inputs`); None: text."""
 
     @property
     def end(self) -> int:

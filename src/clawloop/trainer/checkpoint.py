@@ -133,7 +133,10 @@ def load_checkpoint(trainer: Any, path: Path) -> dict[str, Any]:
     else:
         from clawloop.engines.hf import load_state_dict_from_dir
 
-        sd = load_state_dict_from_dir(path / "model")
+        if getattr(trainer, "images", None) is not None:  # a VLM saves other names than its modules hold
+            sd = type(trainer.model).from_pretrained(str(path / "model"), dtype=torch.float32).state_dict()
+        else:
+            sd = load_state_dict_from_dir(path / "model")
         missing, unexpected = trainer.model.load_state_dict(sd, strict=False)
         missing = [k for k in missing if not k.endswith("lm_head.weight")]
         if missing or unexpected:
