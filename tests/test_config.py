@@ -99,8 +99,16 @@ def test_engine_names():
     assert cfg.model.engine_urls == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
     with pytest.raises(ConfigError, match="model.engine_urls"):
         load_config(flags("--engine-url", "http://127.0.0.1:9001"), env={})
-    with pytest.raises(ConfigError, match="sglang"):
-        load_config(flags("--backend", "sglang"), env={})
+    with pytest.raises(ConfigError, match="model.backend must be one of hf, vllm.*got 'sglang'"):
+        load_config(flags("--backend", "sglang"), env={})  # no SGLang engine: docs/GPU.md says why
+
+
+def test_load_in_4bit_needs_lora_and_hf():
+    assert load_config(flags("--load-in-4bit", "--use-lora"), env={}).model.load_in_4bit
+    with pytest.raises(ConfigError, match="model.load_in_4bit: .*--use-lora"):
+        load_config(flags("--load-in-4bit"), env={})
+    with pytest.raises(ConfigError, match="model.load_in_4bit: .*--backend hf"):
+        load_config(flags("--load-in-4bit", "--use-lora", "--backend", "vllm"), env={})
 
 
 def test_write_resolved_masks_keys(tmp_path):

@@ -51,10 +51,11 @@ def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), env: tuple[str,
 class ModelConfig:
     path: str = opt("", "Policy model (HF folder). Empty: the embedded tiny model, built on first use.",
                     flags=("--model-path", "--model", "--hf-checkpoint"), env=("MODEL_PATH", "BASE_MODEL_PATH"))
-    backend: str = opt("hf", "Inference engine.", flags=("--backend",), choices=("hf", "vllm", "sglang"))
+    backend: str = opt("hf", "Inference engine.", flags=("--backend",), choices=("hf", "vllm"))
     device: str = opt("auto", "Device for the hf engine: auto, cpu, cuda, cuda:N.")
     dtype: str = opt("auto", "Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16.",
                      choices=("auto", "float32", "bfloat16", "float16"))
+    load_in_4bit: bool = opt(False, "QLoRA: an NF4 base in trainer and hf engine, LoRA on top (docs/GPU.md).", flags=("--load-in-4bit",))
     max_batch_size: int = opt(32, "Most sequences the hf engine decodes in one batch.")
     admit_wait_ms: float = opt(0.0, "While the hf engine decodes a batch, how long new requests may wait to be "
                                     "prefilled together (0: at the next step).")
@@ -724,8 +725,8 @@ def validate(cfg: Config) -> None:
     need(cfg.model.engine_replicas >= 1, "model.engine_replicas", "must be >= 1")
     need(not cfg.model.engine_urls or cfg.model.backend == "vllm", "model.engine_urls",
          "--engine-url attaches to vLLM servers: it needs --backend vllm")
-    need(cfg.model.backend != "sglang", "model.backend",
-         "sglang is not implemented yet; use --backend vllm (real models) or hf")
+    need(not cfg.model.load_in_4bit or (cfg.train.use_lora and cfg.model.backend == "hf"), "model.load_in_4bit",
+         "LoRA adapters train on the frozen 4-bit base, which only the hf engine serves: needs --use-lora, --backend hf")
     need(0.0 <= cfg.model.gpu_memory_utilization < 1.0, "model.gpu_memory_utilization", "must be in [0, 1)")
     dev = cfg.train.device
     need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()), "train.device",

@@ -18,6 +18,4 @@ def make_engine(cfg) -> Engine:
         from clawloop.engines.vllm import VLLMEngine
 
         return VLLMEngine.from_config(cfg)
-    if backend == "sglang":
-        raise RuntimeError("--backend sglang is not implemented yet; use --backend vllm or hf")
     raise ValueError(f"model.backend: unknown backend {backend!r}")

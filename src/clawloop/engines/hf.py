@@ -13,7 +13,14 @@ into a spare copy off the worker thread, then makes it the current cohort;
 rows in flight keep decoding on their old cohort until they finish, new rows
 go to the new one, and the worker steps both. Memory cost: a second copy of
 the weights while an old cohort drains — fine for the CPU models this engine
-is for; big GPU models belong on vLLM/SGLang.
+is for; big GPU models belong on vLLM.
+
+4-bit (`load_in_4bit`, QLoRA: `clawloop.quant`): the base is loaded NF4 the
+way the trainer loads it and never changes; `publish` takes the trainer's LoRA
+adapter (`accepts_lora_adapters`) and wraps it over a copy of the module tree
+that shares every base tensor, so a publish costs the adapter's bytes and the
+engine computes what the trainer computed. Full weights are refused: they
+would have to be requantized, and would no longer be the trained model.
 
 Logprobs are log_softmax of the raw logits (temperature 1) at the sampled id,
 the quantity the trainer recomputes; temperature/top-p shape sampling only.
@@ -51,7 +58,8 @@ from typing import Any, AsyncIterator, Mapping
 
 import torch
 
-from clawloop.engines.base import GenerationRequest, ImageInputError, SamplingParams, TokenEvent
+from clawloop.engines.base import GenerationRequest, ImageInputError, LoraAdapter, SamplingParams, TokenEvent
+from clawloop.quant import load_4bit, shared_copy
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +141,7 @@ class HFEngine:
 
     def __init__(self, model_path: str | Path, *, device: str = "auto", dtype: str = "auto",
                  max_batch_size: int = 32, max_model_len: int = 2048, threads: int = 0,
-                 policy_version: int = 0, admit_wait_ms: float = 0.0):
+                 policy_version: int = 0, admit_wait_ms: float = 0.0, load_in_4bit: bool = False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_path = str(model_path)
@@ -158,10 +166,15 @@ class HFEngine:
         self._vision = vision_cls is not None
         """Loaded as an image-text-to-text model (whether or not images can be taken)."""
         self._model_cls: Any = vision_cls or AutoModelForCausalLM
-        model = self._model_cls.from_pretrained(self.model_path, dtype=self.dtype)
+        self.accepts_lora_adapters = bool(load_in_4bit)
+        """4-bit: `publish` takes LoRA adapters (module docstring); else full weights."""
+        model = (load_4bit(self._model_cls, self.model_path, self.dtype, self.device) if load_in_4bit
+                 else self._model_cls.from_pretrained(self.model_path, dtype=self.dtype).to(self.device))
+        self._base = model if load_in_4bit else None
+        """The 4-bit base every published adapter wraps (shared, never changed)."""
         if self._vision:
             self._setup_images(model)
-        model.to(self.device).eval()
+        model.eval()
         model.requires_grad_(False)
         self._current = _Cohort(model=model, version=policy_version)
         self._cohorts: list[_Cohort] = [self._current]
@@ -202,7 +215,8 @@ class HFEngine:
                 "or pass --model-path)")
         return cls(path, device=cfg.model.device, dtype=cfg.model.dtype, max_batch_size=cfg.model.max_batch_size,
                    admit_wait_ms=cfg.model.admit_wait_ms,
-                   max_model_len=cfg.model.max_model_len, threads=cfg.model.threads)
+                   max_model_len=cfg.model.max_model_len, threads=cfg.model.threads,
+                   load_in_4bit=cfg.model.load_in_4bit)
 
     # -- images ----------------------------------------------------------
     def _vision_model_class(self) -> Any:
@@ -351,6 +365,13 @@ class HFEngine:
             self._thread = None
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        async for events in self.generate_chunks(request):
+            for ev in events:
+                yield ev
+
+    async def generate_chunks(self, request: GenerationRequest) -> AsyncIterator[list[TokenEvent]]:
+        """The row's events as they are ready: all that the worker delivered since the consumer last
+        looked are one list (a gateway busy with other streams catches up in one chunk)."""
         if not self._running:
             raise RuntimeError("engine is not started")
         if len(request.prompt_ids) == 0:
@@ -378,10 +399,16 @@ class HFEngine:
         try:
             while True:
                 ev: TokenEvent | BaseException = await row.out.get()
-                if isinstance(ev, BaseException):
-                    raise ev
-                yield ev
-                if ev.finish_reason is not None:
+                events = []
+                while True:
+                    if isinstance(ev, BaseException):
+                        raise ev
+                    events.append(ev)
+                    if ev.finish_reason is not None or row.out.empty():
+                        break
+                    ev = row.out.get_nowait()
+                yield events
+                if events[-1].finish_reason is not None:
                     return
         finally:
             row.cancelled = True  # harmless when done; aborts the row when the consumer left early
@@ -430,7 +457,11 @@ class HFEngine:
         return self._grammars
 
     # -- weights -----------------------------------------------------------
-    def _prepare_model(self, weights: Mapping[str, Any] | str | Path) -> torch.nn.Module:
+    def _prepare_model(self, weights: Mapping[str, Any] | str | Path | LoraAdapter) -> torch.nn.Module:
+        if self._base is not None:
+            return self._adapter_model(weights)
+        if isinstance(weights, LoraAdapter):
+            raise ValueError("publish: this engine serves full weights (a LoRA adapter needs --load-in-4bit)")
         if isinstance(weights, (str, Path)):
             if self._vision:  # checkpoint names differ from module names: let transformers map them
                 weights = self._model_cls.from_pretrained(str(weights), dtype=self.dtype).state_dict()
@@ -447,6 +478,25 @@ class HFEngine:
                              f"unexpected={unexpected[:5]})")
         spare.eval()
         return spare
+
+    def _adapter_model(self, adapter: Any) -> torch.nn.Module:
+        """The 4-bit base under `adapter`: peft's wrappers over a shared copy of the base (`quant.shared_copy`),
+        the adapter's tensors loaded; the base and the models in flight stay as they are."""
+        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+        if not isinstance(adapter, LoraAdapter):
+            raise ValueError("publish: a 4-bit engine takes LoRA adapters only (full weights would be requantized, "
+                             f"no longer the trained model), got {type(adapter).__name__}")
+        known = set(LoraConfig.__dataclass_fields__)
+        conf = LoraConfig(**{k: v for k, v in adapter.config.items() if k in known})
+        conf.inference_mode = True
+        model = get_peft_model(shared_copy(self._base), conf)
+        res = set_peft_model_state_dict(model, dict(adapter.state_dict))
+        if res.unexpected_keys or any("lora_" in k for k in res.missing_keys):
+            raise ValueError(f"publish: the adapter does not fit the model (unexpected={res.unexpected_keys[:5]}, "
+                             f"missing={[k for k in res.missing_keys if 'lora_' in k][:5]})")
+        self._spare = None  # adapters need no spare: each publish wraps the shared base anew
+        return model.eval().requires_grad_(False)
 
     # -- worker thread -----------------------------------------------------
     @staticmethod

@@ -109,6 +109,7 @@ from clawloop.losses import (
 from clawloop.losses.plugins import custom_loss_inputs
 from clawloop.records import Sample
 from clawloop.trainer.batch import MicroBatch, TeacherSignal, budget_groups, pad_rows, split_even, tensorize
+from clawloop.quant import load_4bit
 from clawloop.trainer.device import auto_lr, resolve_train_device
 from clawloop.trainer.hints import hint_candidates, longest_hint, pick_by_overlap, topk_overlap
 from clawloop.trainer.metrics import merge_stats
@@ -268,7 +269,10 @@ class Trainer:
         torch.manual_seed(t.seed)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id or 0
-        base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device)
+        self.load_in_4bit = bool(cfg.model.load_in_4bit)
+        """QLoRA (`quant.py`): NF4 linear layers, the rest float32 on CPU / bf16 on CUDA (frozen: autocast's)."""
+        base = (load_4bit(AutoModelForCausalLM, self.model_path, self.autocast_dtype or torch.float32, self.device)
+                if self.load_in_4bit else AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device))
         self.vocab_size = int(base.get_output_embeddings().weight.shape[0])
         self.use_lora = bool(t.use_lora)
         self.use_rl = t.method in ("binary", "combine")
@@ -355,7 +359,7 @@ class Trainer:
         """Full weights as the engine serves them: a detached CPU copy (the engine writes it to
         disk or loads it into its own model, wherever the trainer runs); LoRA deltas merged."""
         with torch.no_grad():
-            if not self.use_lora:
+            if not self.use_lora or self.load_in_4bit:  # 4-bit: served as trained, the adapter unmerged on top
                 return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
             from peft.tuners.lora import LoraLayer
 
