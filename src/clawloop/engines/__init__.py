@@ -18,4 +18,8 @@ def make_engine(cfg) -> Engine:
         from clawloop.engines.vllm import VLLMEngine
 
         return VLLMEngine.from_config(cfg)
+    if backend == "bench":
+        from clawloop.engines.bench import BenchEngine
+
+        return BenchEngine.from_config(cfg)
     raise ValueError(f"model.backend: unknown backend {backend!r}")

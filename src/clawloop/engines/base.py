@@ -54,6 +54,9 @@ class GenerationRequest:
     multimodal: Any = None
     """Pixel inputs for the image placeholders in `prompt_ids`, as the engine's own `prepare_images`
     made them (opaque to everyone else); None for text-only prompts."""
+    stream: bool = True
+    """False: the caller wants the whole response only (a client that did not ask for a stream); an
+    engine may then produce it in one piece (vLLM: one non-streamed call, no per-token messages)."""
 
 
 @dataclass
@@ -134,6 +137,16 @@ class Relabels(Protocol):
     already go past the base weights' number: `apps.serve.continue_versions`)."""
 
     def relabel(self, version: int) -> None: ...
+
+
+@runtime_checkable
+class StreamsChunks(Protocol):
+    """`generate_chunks` yields the events that are ready together as one list (a vLLM stream message
+    carrying several tokens, one step of a batch): the gateway then records them, detokenizes and
+    sends the client one chunk per list instead of one per token. Same events, same order, as
+    `generate`."""
+
+    def generate_chunks(self, request: GenerationRequest) -> AsyncIterator[list[TokenEvent]]: ...
 
 
 @runtime_checkable

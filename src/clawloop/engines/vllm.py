@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
 import httpx
+import orjson
 
 from clawloop.config import ConfigError
 from clawloop.engines.base import EngineUnavailable, GenerationRequest, LoraAdapter, TokenEvent
@@ -321,6 +322,14 @@ class VLLMEngine:
         await asyncio.gather(*(asyncio.to_thread(p.stop) for p in procs))
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        async for events in self.generate_chunks(request):
+            for ev in events:
+                yield ev
+
+    async def generate_chunks(self, request: GenerationRequest) -> AsyncIterator[list[TokenEvent]]:
+        """The events as they arrive: all tokens of the stream messages one read brought (vLLM sends
+        several per message once its output lags its steps) are one list; a request with `stream`
+        False is one non-streamed call and one list."""
         if not self._running:
             raise RuntimeError("engine is not started")
         if not request.prompt_ids:
@@ -337,9 +346,9 @@ class VLLMEngine:
             if adapter is not None:
                 adapter.inflight += 1
             try:
-                async for ev in self._stream(replica, request, adapter):
-                    emitted += 1
-                    yield ev
+                async for events in self._stream(replica, request, adapter):
+                    emitted += len(events)
+                    yield events
                 return
             except EngineUnavailable:
                 # Nothing sent yet: the request can go to another replica unseen by the client.
@@ -360,7 +369,7 @@ class VLLMEngine:
         return self.replicas.route(session_id, exclude)
 
     async def _stream(self, r: HTTPReplica, request: GenerationRequest,
-                      adapter: _Adapter | None) -> AsyncIterator[TokenEvent]:
+                      adapter: _Adapter | None) -> AsyncIterator[list[TokenEvent]]:
         p = request.params
         k = max(0, min(p.top_logprobs, self.max_logprobs))
         sp: dict[str, Any] = {"temperature": p.temperature, "top_p": p.top_p, "max_tokens": p.max_tokens,
@@ -380,7 +389,8 @@ class VLLMEngine:
             # vLLM compiles the same structural tag with xgrammar, its default backend; its raw logprobs
             # are then taken after the grammar's mask, as the hf engine reports them.
             sp["structured_outputs"] = {"structural_tag": json.dumps(p.constraint)}
-        body: dict[str, Any] = {"token_ids": list(request.prompt_ids), "sampling_params": sp, "stream": True}
+        body: dict[str, Any] = {"token_ids": list(request.prompt_ids), "sampling_params": sp,
+                                "stream": request.stream}
         if adapter is not None:
             body["model"] = adapter.name
         if request.request_id:
@@ -400,20 +410,32 @@ class VLLMEngine:
                     if resp.status_code >= 500 or resp.status_code in (404, 409, 503):
                         raise EngineUnavailable(f"{r.name}: HTTP {resp.status_code}: {text}")
                     raise ValueError(f"vLLM refused the request: HTTP {resp.status_code}: {text}")
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:]
-                    if data == "[DONE]":
-                        continue  # read the body to its end, so the connection goes back to the pool
-                    msg = json.loads(data)
-                    if "error" in msg and "choices" not in msg:
-                        raise EngineUnavailable(f"{r.name}: {msg['error']}")
-                    for ch in msg.get("choices") or []:
-                        for ev in self._events(ch, r, adapter, version_at_start, n, k):
-                            n += 1 if ev.token_id is not None else 0
-                            finished = ev.finish_reason is not None
-                            yield ev
+                if not request.stream:  # one body: the whole response
+                    msg = orjson.loads(await resp.aread())
+                    events = [ev for ch in msg.get("choices") or [] for ev in
+                              self._events(ch, r, adapter, version_at_start, 0, k)]
+                    finished = bool(events) and events[-1].finish_reason is not None
+                    if events:
+                        yield events
+                else:
+                    buf = b""
+                    async for data in resp.aiter_bytes():
+                        # SSE messages end with a blank line; what one read brought is one step
+                        *messages, buf = (buf + data).split(b"\n\n")
+                        events = []
+                        for m in messages:
+                            if not m.startswith(b"data: ") or m == b"data: [DONE]":
+                                continue  # [DONE]: read on to the end, so the connection goes back to the pool
+                            msg = orjson.loads(m[6:])
+                            if "error" in msg and "choices" not in msg:
+                                raise EngineUnavailable(f"{r.name}: {msg['error']}")
+                            for ch in msg.get("choices") or []:
+                                evs = self._events(ch, r, adapter, version_at_start, n, k)
+                                n += sum(1 for ev in evs if ev.token_id is not None)
+                                events += evs
+                        if events:
+                            finished = events[-1].finish_reason is not None
+                            yield events
             if not finished:  # the stream ended without a finish: never pass a cut response off as whole
                 raise EngineUnavailable(f"{r.name}: the stream ended before the response finished")
         except (httpx.TransportError, httpx.StreamError) as e:

@@ -1,0 +1,310 @@
+"""The gateway's ceiling: streamed tokens/s and requests/s one gateway process carries, capture on,
+with an engine that costs nothing (issue #30 item 1).
+
+Two engine paths, each behind a real `clawloop` gateway in its own process (capture on, a real
+SQLite store and its writer thread, judge off):
+
+- **bench**: the in-process bench engine (`--backend bench`, engines/bench.py), the path the hf
+  engine takes (events handed to the gateway's event loop in-process);
+- **vllm**: the vLLM engine (`VLLMEngine`, `HTTPReplica`, its httpx client and SSE parsing) attached
+  with `--engine-url` to `bench/vllm_stub.py`, a stand-in vLLM server in its own process that speaks
+  `/inference/v1/generate` as vLLM 0.32 does, emitting the same ids.
+
+Clients: the raw keep-alive HTTP/1.1 client of `bench/gateway_overhead.py` (tens of µs per request),
+in this process, concurrency c1 … c256, plain and streamed chat completions of `--max-tokens` tokens.
+Per case: tokens/s (completion tokens the replies report), requests/s, p50 latency, and the gateway
+process's CPU time per token (utime + stime from /proc, so its ceiling on one core is 1e6 / µs per
+token, whatever the client and stub took from the shared cores).
+
+Before/after in one run: `--rev REV` runs the same cases on a past revision's `src/clawloop`
+(bench/revision.py), alternating with this tree's; the bench engine and the stub always come from
+this tree (so both sides get the same ids). `--profile CASE` (e.g. `bench-stream-c64`) records the
+gateway with py-spy for that case and prints where its samples go.
+
+    .venv/bin/python bench/gateway_ceiling.py [--rev e70f448] [--rounds 2] [--max-tokens 128]
+        [--levels 1,4,16,64,256] [--paths bench,vllm] [--profile bench-stream-c64]
+
+Prints a table and, last, one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import importlib.util
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gateway_overhead import RawConnection  # noqa: E402
+
+# gateway_overhead puts this tree's src first; the gateway process must import the build it was given
+sys.path[:] = [p for p in sys.path if p != str(ROOT / "src")]
+
+MESSAGES = [{"role": "user", "content": "Tell me about the gateway."}]
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- the gateway process (`--serve`) -----------------------------------------------------------------
+def serve(a: argparse.Namespace) -> int:
+    """One gateway: this tree's or a past revision's clawloop (whichever PYTHONPATH names first)."""
+    import uvicorn
+
+    from clawloop.apps.serve import build_app
+    from clawloop.config import load_config
+
+    flags = {"model__path": a.model, "data_dir": a.data_dir, "serve__port": a.port,
+             "serve__max_concurrent_generations": 1024, "serve__status": False, "judge__kind": "none"}
+    engine = None
+    if a.path == "vllm":
+        flags.update(model__backend="vllm", model__engine_urls=[a.stub_url])
+    else:  # this tree's bench engine, loaded by file so a past revision's gateway can run it too
+        spec = importlib.util.spec_from_file_location("bench_engine", ROOT / "src/clawloop/engines/bench.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        engine = mod.BenchEngine(a.model, tokens_per_step=a.tokens_per_step)
+    cfg = load_config(flags, env={})
+    app, parts = build_app(cfg, judge=False, train=False, engine=engine)
+    try:
+        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=a.port, log_level="warning",
+                                      timeout_graceful_shutdown=10)).run()
+    except KeyboardInterrupt:  # the bench's SIGINT after the graceful shutdown
+        pass
+    finally:
+        parts.store.close()
+    return 0
+
+
+# -- the client ----------------------------------------------------------------------------------------
+USAGE = re.compile(rb'"completion_tokens":(\d+)')
+
+
+async def load(port: int, n: int, conc: int, max_tokens: int, stream: bool) -> dict[str, float]:
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": max_tokens, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    payload = json.dumps(body).encode()
+    pool = [RawConnection(port) for _ in range(conc)]
+    lat: list[float] = []
+    tokens = 0
+    nxt = 0
+
+    async def worker() -> None:
+        nonlocal tokens, nxt
+        conn = pool.pop()
+        try:
+            while nxt < n:
+                i, nxt = nxt, nxt + 1
+                t = time.perf_counter()
+                data = await conn.post("/v1/chat/completions", payload, {"X-Session-Id": f"ceil-{i % (4 * conc)}"})
+                lat.append(time.perf_counter() - t)
+                m = USAGE.findall(data[-400:] if stream else data)
+                if not m or (stream and not data.rstrip().endswith(b"data: [DONE]")):
+                    raise RuntimeError(f"bad reply: {data[-300:]!r}")
+                tokens += int(m[-1])
+        finally:
+            conn.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    wall = time.perf_counter() - t0
+    return {"tok_s": tokens / wall, "req_s": n / wall, "p50_ms": statistics.median(lat) * 1e3,
+            "tokens": tokens, "wall_s": wall}
+
+
+class Gateway:
+    """A gateway process (+ its vLLM stub on the vllm path) for one (build, path)."""
+
+    def __init__(self, build: str, src: Path, path: str, model: str, port: int, stub_port: int,
+                 tokens_per_step: int):
+        self.build, self.path, self.port = build, path, port
+        self.data = tempfile.mkdtemp(prefix=f"ceiling-{build}-{path}-")
+        env = dict(os.environ, PYTHONPATH=str(src), TOKENIZERS_PARALLELISM="false")
+        self.stub = None
+        if path == "vllm":
+            self.stub = subprocess.Popen([sys.executable, str(ROOT / "bench/vllm_stub.py"), "--model", model,
+                                          "--port", str(stub_port), "--tokens-per-step", str(tokens_per_step)],
+                                         env=dict(env, PYTHONPATH=str(ROOT / "src")), stdout=subprocess.DEVNULL)
+            wait_http(f"http://127.0.0.1:{stub_port}/health", self.stub)
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", "--path", path, "--model", model,
+                                      "--data-dir", self.data, "--port", str(port),
+                                      "--stub-url", f"http://127.0.0.1:{stub_port}",
+                                      "--tokens-per-step", str(tokens_per_step)], env=env,
+                                     stdout=subprocess.DEVNULL)
+        wait_http(f"http://127.0.0.1:{port}/health", self.proc)
+
+    def close(self) -> None:
+        stop(self.proc)
+        if self.stub is not None:
+            stop(self.stub)
+
+
+def profile(gw: Gateway, port: int, conc: int, stream: bool, max_tokens: int, seconds: float) -> str:
+    """py-spy samples of the gateway under load: the top functions by own time and by total time."""
+    out = Path(gw.data) / "profile.txt"
+    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(gw.proc.pid), "-f", "raw",
+                            "-o", str(out), "-d", str(int(seconds)), "-r", "200", "--nonblocking"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    t_end = time.time() + seconds
+    while time.time() < t_end:
+        asyncio.run(load(port, max(conc * 2, 64), conc, max_tokens, stream))
+    spy.wait(timeout=60)
+    own: collections.Counter = collections.Counter()
+    total: collections.Counter = collections.Counter()
+    n = 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [f.split(" (")[0] + " " + f.split("/")[-1].rstrip(")") if "(" in f else f for f in stack.split(";")]
+        c = int(count)
+        n += c
+        own[frames[-1]] += c
+        for f in set(frames):
+            total[f] += c
+    lines = [f"py-spy: {n} samples"]
+    lines += ["own time:"] + [f"  {100 * c / n:5.1f}%  {f}" for f, c in own.most_common(25)]
+    lines += ["total time (incl. callees):"] + [f"  {100 * c / n:5.1f}%  {f}" for f, c in total.most_common(45)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="", help="HF folder for the tokenizer (default: a random model built here)")
+    ap.add_argument("--rev", default="", help="also run this past revision's gateway, alternating (before/after)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--levels", default="1,4,16,64,256")
+    ap.add_argument("--paths", default="bench,vllm")
+    ap.add_argument("--modes", default="plain,stream")
+    ap.add_argument("--tokens-per-step", type=int, default=1, help="tokens per engine event (1: the hardest case)")
+    ap.add_argument("--min-requests", type=int, default=32, help="requests per case: max(this, 2 x concurrency)")
+    ap.add_argument("--profile", default="", help="PATH-MODE-cC (e.g. bench-stream-c64): py-spy that case")
+    ap.add_argument("--profile-s", type=float, default=15)
+    ap.add_argument("--port", type=int, default=18900)
+    ap.add_argument("--src", default=str(ROOT / "src"), help="the 'now' build's source folder (default: this tree's)")
+    # --serve: the gateway process itself
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--path", default="bench", help=argparse.SUPPRESS)
+    ap.add_argument("--data-dir", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--stub-url", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.serve:
+        return serve(a)
+
+    model = a.model
+    if not model:
+        sys.path.insert(0, str(ROOT / "src"))
+        from clawloop.tinymodel.build import build_random_model
+
+        model = str(build_random_model(Path(tempfile.mkdtemp(prefix="ceiling-model-")) / "model", layers=2,
+                                       hidden=64, seed=0))
+    builds = [("now", Path(a.src))]
+    if a.rev:
+        from revision import unpack_source
+
+        builds.append((a.rev, unpack_source(a.rev, Path(tempfile.mkdtemp(prefix="ceiling-rev-")))))
+    levels = [int(x) for x in a.levels.split(",")]
+    paths = a.paths.split(",")
+    modes = a.modes.split(",")
+    results: dict[tuple, list[dict[str, float]]] = collections.defaultdict(list)
+    port = a.port
+    profiles = {}
+    for rnd in range(a.rounds):
+        order = builds if rnd % 2 == 0 else builds[::-1]
+        for path in paths:
+            for build, src in order:
+                port += 2
+                gw = Gateway(build, src, path, model, port, port + 1, a.tokens_per_step)
+                try:
+                    asyncio.run(load(port, 16, 4, a.max_tokens, True))  # warm up
+                    for conc in levels:
+                        for mode in modes:
+                            n = max(a.min_requests, 2 * conc)
+                            c0 = cpu_s(gw.proc.pid)
+                            r = asyncio.run(load(port, n, conc, a.max_tokens, mode == "stream"))
+                            r["cpu_us_per_token"] = (cpu_s(gw.proc.pid) - c0) * 1e6 / max(1, r["tokens"])
+                            r["gw_cores"] = (cpu_s(gw.proc.pid) - c0) / r["wall_s"]
+                            results[(build, path, mode, conc)].append(r)
+                            print(f"round {rnd} {build:>8} {path:>5} {mode:>6} c{conc:<3} {r['tok_s']:8.0f} tok/s "
+                                  f"{r['req_s']:7.1f} r/s p50 {r['p50_ms']:7.1f} ms  {r['cpu_us_per_token']:6.1f} "
+                                  f"µs/token  gw {r['gw_cores']:.2f} cores", flush=True)
+                    case = a.profile.split("-")
+                    if a.profile and rnd == 0 and case[0] == path:
+                        profiles[f"{build} {a.profile}"] = profile(gw, port, int(case[2][1:]), case[1] == "stream",
+                                                                   a.max_tokens, a.profile_s)
+                finally:
+                    gw.close()
+    rows = []
+    print(f"\nmax_tokens {a.max_tokens}, tokens per engine event {a.tokens_per_step}; medians over {a.rounds} "
+          f"round(s); CPU = the gateway process's")
+    print(f"{'path':>5} {'mode':>6} {'c':>4} " + "".join(f"| {b:>8} tok/s  r/s  p50ms  µs/tok " for b, _ in builds)
+          + ("| tok/s ratio" if len(builds) > 1 else ""))
+    for path in paths:
+        for mode in modes:
+            for conc in levels:
+                row = {"path": path, "mode": mode, "conc": conc}
+                line = f"{path:>5} {mode:>6} {conc:>4} "
+                for build, _ in builds:
+                    rs = results[(build, path, mode, conc)]
+                    med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+                    row[build] = med
+                    line += (f"| {med['tok_s']:14.0f} {med['req_s']:5.1f} {med['p50_ms']:6.1f} "
+                             f"{med['cpu_us_per_token']:6.1f} ")
+                if len(builds) > 1:
+                    ratios = [n["tok_s"] / o["tok_s"] for n, o in zip(results[("now", path, mode, conc)],
+                                                                    results[(builds[1][0], path, mode, conc)])]
+                    row["tok_s_ratio"] = statistics.median(ratios)
+                    line += f"| {row['tok_s_ratio']:.2f}"
+                rows.append(row)
+                print(line)
+    for name, text in profiles.items():
+        print(f"\n== profile {name}\n{text}")
+    print(json.dumps({"bench": "gateway_ceiling", "max_tokens": a.max_tokens, "tokens_per_step": a.tokens_per_step,
+                      "rounds": a.rounds, "rev": a.rev, "results": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

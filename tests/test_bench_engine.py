@@ -1,0 +1,187 @@
+"""The bench engine (`--backend bench`) and the stand-in vLLM server (bench/vllm_stub.py) through a real
+gateway with capture: what a client streams, what it gets whole and what the store keeps are the
+engine's ids, token for token, also when one engine step carries several tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import ServerThread, make_cfg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+Q = [{"role": "user", "content": "Tell me about the gateway."}]
+
+
+class Served:
+    """A gateway (capture on, its own SQLite store) that starts and stops `engine` itself."""
+
+    def __init__(self, engine, model_dir, data_dir, **flags):
+        from clawloop.gateway import create_app
+        from clawloop.naming import open_store
+
+        self.cfg = make_cfg(model_dir, data_dir, **flags)
+        self.store = open_store(self.cfg)
+        self.app = create_app(self.cfg, engine, self.store)
+        self.server = ServerThread(self.app).start()
+        self.url = self.server.url
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
+
+    def stop(self):
+        self.server.stop()
+        self.store.close()
+
+
+class StubThread:
+    """bench/vllm_stub.py on its own event loop in a thread of this process."""
+
+    def __init__(self, model_dir, tokens_per_step: int):
+        import vllm_stub
+
+        self.ready = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self.stub = None
+
+        def on_ready(server, stub):
+            self.server, self.stub = server, stub
+            self.port = server.sockets[0].getsockname()[1]
+            self.ready.set()
+
+        def run():
+            asyncio.set_event_loop(self.loop)
+            try:
+                self.loop.run_until_complete(vllm_stub.serve(str(model_dir), 0, 0.0, tokens_per_step, 0, on_ready))
+            except asyncio.CancelledError:
+                pass
+
+        self.thread = threading.Thread(target=run, daemon=True, name="vllm-stub")
+        self.thread.start()
+        assert self.ready.wait(30), "the stub did not start"
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.server.close)
+        for task in asyncio.all_tasks(self.loop):
+            self.loop.call_soon_threadsafe(task.cancel)
+        self.thread.join(10)
+
+
+def passage_ids(engine, n):
+    return [engine.passage[k % len(engine.passage)] for k in range(n)]
+
+
+@pytest.fixture
+def bench_engine(random_model_dir):
+    from clawloop.engines.bench import BenchEngine
+
+    return BenchEngine(random_model_dir, tokens_per_step=3)
+
+
+def stream(url, session, **body):
+    """(streamed ids, streamed text, number of content chunks)."""
+    ids, text, chunks = [], "", 0
+    with httpx.stream("POST", url + "/v1/chat/completions", headers={"X-Session-Id": session}, timeout=30,
+                      json={"messages": Q, "stream": True, "return_token_ids": True, **body}) as r:
+        assert r.status_code == 200
+        import json
+
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for ch in json.loads(line[6:])["choices"]:
+                ids += ch.get("token_ids") or []
+                if ch["delta"].get("content"):
+                    text += ch["delta"]["content"]
+                    chunks += 1
+    return ids, text, chunks
+
+
+def check_turn(store, session, ids, engine, text):
+    store.flush()
+    (t,) = store.session_turns(session)
+    assert t.response_ids == ids
+    assert t.response_logprobs == pytest.approx([engine.logprob(k) for k in range(len(ids))])
+    assert t.response_text == text == engine.tokenizer.decode(ids, skip_special_tokens=True)
+    assert t.trainable and t.policy_version == 0
+
+
+def test_bench_engine_streams_token_exact_with_capture(bench_engine, random_model_dir, tmp_path):
+    g = Served(bench_engine, random_model_dir, tmp_path / "data")
+    try:
+        ids, text, chunks = stream(g.url, "b-stream", max_tokens=40)
+        assert ids == passage_ids(bench_engine, 40)
+        # three tokens per engine step reach the client as one chunk, not three
+        assert 40 // 3 - 2 <= chunks <= 40 // 3 + 2, chunks
+        check_turn(g.store, "b-stream", ids, bench_engine, text)
+        r = g.client().chat.completions.create(model="m", messages=Q, max_tokens=25,
+                                               extra_body={"return_token_ids": True, "logprobs": True},
+                                               extra_headers={"X-Session-Id": "b-plain"})
+        assert r.choices[0].model_extra["token_ids"] == passage_ids(bench_engine, 25)
+        assert r.choices[0].finish_reason == "length"
+        check_turn(g.store, "b-plain", passage_ids(bench_engine, 25), bench_engine, r.choices[0].message.content)
+    finally:
+        g.stop()
+
+
+def test_bench_engine_stop_string_and_eos(random_model_dir, tmp_path):
+    """A stop string inside a multi-token step: nothing past it is streamed or kept, exactly as when
+    each token is its own step; `completion_tokens` ends the reply with the eos id."""
+    from clawloop.engines.bench import BenchEngine
+
+    kept = {}
+    for per_step in (1, 4):
+        eng = BenchEngine(random_model_dir, tokens_per_step=per_step, completion_tokens=30)
+        g = Served(eng, random_model_dir, tmp_path / f"data{per_step}")
+        try:
+            ids, text, _ = stream(g.url, "stop", max_tokens=40, stop=["messages"])
+            assert text == "The gateway renders the "
+            g.store.flush()
+            (t,) = g.store.session_turns("stop")
+            assert t.response_ids == ids and t.response_text == text
+            kept[per_step] = ids
+            ids, text, _ = stream(g.url, "eos", max_tokens=64)
+            assert len(ids) == 31 and ids[-1] == eng.tokenizer.eos_token_id
+            assert ids[:30] == passage_ids(eng, 30)
+        finally:
+            g.stop()
+    assert kept[1] == kept[4]
+
+
+def test_vllm_engine_against_the_stub_token_exact(random_model_dir, tmp_path):
+    """The vLLM engine's path (HTTPReplica, SSE parsing, the non-streamed call for a plain client)
+    against bench/vllm_stub.py, with capture."""
+    from clawloop.engines.bench import BenchEngine
+    from clawloop.engines.vllm import VLLMEngine
+
+    stub = StubThread(random_model_dir, tokens_per_step=2)
+    ref = BenchEngine(random_model_dir)
+    eng = VLLMEngine(random_model_dir, urls=[stub.url], data_dir=tmp_path / "data", health_interval_s=0.5)
+    g = Served(eng, random_model_dir, tmp_path / "data", model__backend="vllm", model__engine_urls=[stub.url])
+    try:
+        ids, text, chunks = stream(g.url, "v-stream", max_tokens=30, top_logprobs=2, logprobs=True)
+        assert ids == passage_ids(ref, 30)
+        assert chunks <= 16, chunks  # two tokens per vLLM message
+        check_turn(g.store, "v-stream", ids, ref, text)
+        assert stub.stub.whole == 0
+        r = g.client().chat.completions.create(model="m", messages=Q, max_tokens=21, logprobs=True, top_logprobs=2,
+                                               extra_body={"return_token_ids": True},
+                                               extra_headers={"X-Session-Id": "v-plain"})
+        ch = r.choices[0]
+        assert ch.model_extra["token_ids"] == passage_ids(ref, 21) and ch.finish_reason == "length"
+        assert [e.logprob for e in ch.logprobs.content] == pytest.approx([ref.logprob(k) for k in range(21)])
+        assert all(len(e.top_logprobs) == 2 for e in ch.logprobs.content)
+        check_turn(g.store, "v-plain", passage_ids(ref, 21), ref, ch.message.content)
+        assert stub.stub.whole == 1  # a plain client's request was one non-streamed vLLM call
+    finally:
+        g.stop()
+        stub.stop()
