@@ -82,7 +82,7 @@ class ModelConfig:
     request_timeout_s: float = opt(600.0, "Longest a vLLM generation may stay silent before it is treated as hung.")
     health_interval_s: float = opt(2.0, "How often vLLM replicas are health-checked.")
     max_restarts: int = opt(5, "Restarts of a crashed vLLM replica (with backoff) before it is given up.")
-    keep_weights: int = opt(3, "Published weight folders kept under DATA_DIR/weights (vLLM full-weight publish).")
+    keep_weights: int = opt(3, "Weight folders kept in DATA_DIR/weights (vLLM full publish to attached/Ray servers).")
     sleep_while_training: bool = opt(False, "Colocated on one GPU: put vLLM to sleep during each train step "
                                             "(requests wait, none is refused).", flags=("--colocate",))
     bench_step_ms: float = opt(0.0, "--backend bench: pause between a request's steps (0: none, the gateway alone "

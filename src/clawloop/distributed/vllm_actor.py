@@ -157,6 +157,8 @@ class RemoteVLLMProcess:
 class RayVLLMEngine(VLLMEngine):
     """The vLLM engine with each replica's server on a Ray actor's node."""
 
+    local_replicas = False  # servers on other nodes cannot open this process's shared memory: files
+
     def __init__(self, model_path: str | Path, *, replicas: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0,
                  placement: str = "PACK", ray_max_restarts: int = 3, name_prefix: str = "",
                  host_timeout_s: float = 300.0, **kw: Any):

@@ -18,14 +18,18 @@ the logprobs those of the unmodified distribution (temperature 1, no top-p),
 the hf engine's contract and what the trainer recomputes. Closing the stream
 aborts the request in vLLM.
 
-Publishing full weights: the state dict is written as safetensors under
-`DATA_DIR/weights/vN` (last `--model-keep-weights` kept), then on every replica
-`/pause?mode=keep` (running requests freeze in place, none fails) →
-`reload_weights(weights_path)` → `/update_weight_version N` → reset the prefix
-cache (its KV was computed by the old weights) → `/resume`. A request that
-spans a publish finishes on the new weights; vLLM reports which output
-tokens came from which weight version, and those spans reach the gateway on
-the last event so every captured token carries its own version.
+Publishing full weights to servers clawloop started on this machine: the
+state dict is copied into a shared-memory image (`vllm_publish.py`; groups
+that did not change are not sent), then on every replica `/pause?mode=keep`
+(running requests freeze in place, none fails) → at once: clawloop's worker
+extension loads the changed groups from the image, `/update_weight_version N`,
+reset the prefix cache (its KV was computed by the old weights: running
+requests are preempted and recompute on resume) → `/resume`. Attached servers
+(`--engine-url`) and Ray's get safetensors under `DATA_DIR/weights/vN` (last
+`--model-keep-weights` kept) and `reload_weights(weights_path)` instead. A
+request that spans a publish finishes on the new weights; vLLM reports which
+output tokens came from which weight version, and those spans reach the
+gateway on the last event so every captured token carries its own version.
 
 Publishing LoRA (`--use-lora`): the adapter is written as a peft folder and
 loaded with `/v1/load_lora_adapter` under a per-version name; new requests
@@ -62,10 +66,13 @@ import orjson
 from clawloop.config import ConfigError
 from clawloop.engines.base import EngineUnavailable, GenerationRequest, LoraAdapter, TokenEvent
 from clawloop.engines.replicas import Counters, Probe, Replica, ReplicaSet
+from clawloop.engines.vllm_publish import Staged, WeightImages, is_tied, shared_memory_available, untied_model_dir
 
 log = logging.getLogger(__name__)
 
 LAUNCHER = Path(__file__).with_name("vllm_launch.py")
+WORKER_DIR = Path(__file__).with_name("vllm_worker")
+"""On a started server's PYTHONPATH: clawloop's worker extension (`clawloop_weight_sync.py`)."""
 BASE_NAME = "clawloop-base"
 """The name the base model is served under; LoRA versions are `clawloop-vN`."""
 STOP_GRACE_S = 20.0
@@ -190,6 +197,8 @@ class VLLMEngine:
     """vLLM servers behind the Engine protocol; see the module docstring."""
 
     accepts_lora_adapters = True
+    local_replicas = True
+    """Replicas run on this machine (not Ray's): started ones take publishes through shared memory."""
 
     def __init__(self, model_path: str | Path, *, urls: list[str] | None = None, replicas: int = 1,
                  python: Path | None = None, data_dir: str | Path = "./clawloop-data", max_model_len: int = 2048,
@@ -229,6 +238,9 @@ class VLLMEngine:
         self._adapter: _Adapter | None = None
         self._old_adapters: list[_Adapter] = []
         self.managed = not urls
+        self.images = WeightImages()
+        self.shared_memory = False
+        """Full weights go through `self.images` and the worker extension (set at start), else as files."""
         reps = ([HTTPReplica(i, f"replica{i}", url=u.rstrip("/")) for i, u in enumerate(urls)] if urls else
                 [HTTPReplica(i, f"replica{i}") for i in range(max(1, replicas))])
         self.replicas = ReplicaSet(reps, self, version=policy_version, health_interval_s=health_interval_s,
@@ -294,6 +306,7 @@ class VLLMEngine:
         try:
             if self.managed:
                 self.serve_dir = await asyncio.to_thread(self._untied_model_dir)
+                self.shared_memory = self.local_replicas and shared_memory_available()
                 for r in self.replicas:
                     self._spawn(r)
             elif self._tied():
@@ -314,6 +327,7 @@ class VLLMEngine:
         self._running = False
         await self.replicas.stop()
         await self._shutdown_processes()
+        self.images.close()
         if self._client is not None:
             await self._client.aclose()
 
@@ -493,6 +507,9 @@ class VLLMEngine:
                                          "crash loading it")
                     path = await asyncio.to_thread(self._write_adapter, weights, version)
                     await self._publish_adapter(path, version)
+                elif self.shared_memory and not isinstance(weights, (str, Path)):
+                    staged = await asyncio.to_thread(self.images.stage, self._served_tensors(weights), version)
+                    await self._publish_image(staged)
                 else:
                     if isinstance(weights, (str, Path)):
                         path = str(weights)
@@ -511,6 +528,40 @@ class VLLMEngine:
         await self.replicas.fan_out("publish", version, lambda r: self._reload(r, path, version))
         self._weights_path = path
         self._adapter = None
+        self.images.forget()
+
+    async def _publish_image(self, staged: Staged) -> None:
+        x = self.stats_.extra
+        x.update(publish_stage_s=staged.stage_s, publish_bytes=float(staged.bytes_total),
+                 publish_bytes_sent=float(staged.bytes_changed), publish_groups_sent=float(len(staged.changed)))
+        manifest = staged.manifest()
+        await self.replicas.fan_out("publish", staged.version, lambda r: self._load_image(r, manifest, staged.version))
+        self.images.commit(staged)
+        self._weights_path = None
+        self._adapter = None
+
+    async def _load_image(self, r: HTTPReplica, manifest: str, version: int) -> None:
+        """pause(keep) → {load the image's changed groups, tag, reset prefix cache} → resume. While
+        paused nothing is scheduled, so the three go at once; resumes even on failure."""
+        t0 = time.perf_counter()
+        await self._post(r, "/pause", params={"mode": "keep", "clear_cache": "false"})
+        t1 = time.perf_counter()
+        try:
+            res, *_ = await asyncio.gather(
+                self._post(r, "/collective_rpc", json={"method": "clawloop_load_weights",
+                                                      "kwargs": {"manifest": manifest}}, timeout=600),
+                self._post(r, "/update_weight_version", json={"new_version": str(version)}),
+                self._reset_prefix_cache(r))
+            done = (res.get("results") or [None])[0]
+            if not isinstance(done, dict):
+                raise RuntimeError(f"clawloop_load_weights: {res}")
+            r.version = version
+            self.stats_.extra.update(publish_load_s=done["load_s"], publish_map_s=done["map_s"])
+        finally:
+            t2 = time.perf_counter()
+            await self._post(r, "/resume")
+            self.stats_.last_pause_s = time.perf_counter() - t0
+            self.stats_.extra.update(publish_pause_call_s=t1 - t0, publish_paused_work_s=t2 - t1)
 
     async def _reload(self, r: HTTPReplica, path: str, version: int) -> None:
         """pause(keep) → reload → tag → reset prefix cache → resume; resumes even on failure."""
@@ -545,6 +596,7 @@ class VLLMEngine:
         old = self._adapter
         self._adapter = _Adapter(name, version, path)
         self._weights_path = path
+        self.images.forget()  # an adapter over the base weights: restarted replicas start from those
         if old is not None:
             if old.inflight == 0:
                 self._schedule_unload(old)
@@ -568,67 +620,24 @@ class VLLMEngine:
         asyncio.get_running_loop().create_task(unload())
 
     def _tied(self) -> bool:
-        cfg = json.loads((Path(self.model_path) / "config.json").read_text())
-        return bool(cfg.get("tie_word_embeddings", cfg.get("text_config", {}).get("tie_word_embeddings", False)))
+        return is_tied(self.model_path)
 
     def _untied_model_dir(self) -> str:
-        """The folder to start vLLM on. vLLM 0.32's in-place `reload_weights` re-creates the
-        embedding but leaves a *tied* lm_head on the old values (measured: logprobs matched a
-        model with new embeddings and the old head, 1e-6). So for a tied model vLLM serves an
-        untied copy: the same files (symlinked), `tie_word_embeddings: false`, and the head
-        written out as its own tensor; every publish then carries `lm_head.weight` explicitly.
-        Costs one vocab x hidden matrix of engine memory, nothing on the trainer side."""
-        if not self._tied():
-            return self.model_path
-        from safetensors import safe_open
-        from safetensors.torch import save_file
+        return untied_model_dir(self.model_path, self.weights_dir)
 
-        src = Path(self.model_path).resolve()
-        out = self.weights_dir / "base-untied"
-        stamp = out / ".source"
-        if stamp.exists() and stamp.read_text() == str(src):
-            return str(out)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp = self.weights_dir / f".base-untied.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        embed = None
-        for f in sorted(src.iterdir()):
-            if f.name == "config.json" or not f.is_file():
-                continue
-            (tmp / f.name).symlink_to(f)
-            if f.suffix == ".safetensors" and embed is None:
-                with safe_open(str(f), "pt") as h:
-                    key = next((k for k in h.keys() if k.endswith("embed_tokens.weight")), None)
-                    if key is not None:
-                        embed = h.get_tensor(key)
-        if embed is None:
-            raise RuntimeError(f"{src}: tied embeddings but no *embed_tokens.weight in its safetensors")
-        save_file({"lm_head.weight": embed.contiguous()}, str(tmp / "zz-lm_head.safetensors"),
-                  metadata={"format": "pt"})
-        index = src / "model.safetensors.index.json"
-        if index.exists():
-            data = json.loads(index.read_text())
-            data["weight_map"]["lm_head.weight"] = "zz-lm_head.safetensors"
-            (tmp / index.name).unlink()
-            (tmp / index.name).write_text(json.dumps(data))
-        cfg = json.loads((src / "config.json").read_text())
-        cfg["tie_word_embeddings"] = False
-        if isinstance(cfg.get("text_config"), dict):
-            cfg["text_config"]["tie_word_embeddings"] = False
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        (tmp / ".source").write_text(str(src))
-        os.replace(tmp, out)
-        return str(out)
+    def _served_tensors(self, weights: Mapping[str, Any]) -> dict[str, Any]:
+        """`weights` plus, for the untied copy of a tied model, its head (see _untied_model_dir)."""
+        tensors = dict(weights)
+        if self.serve_dir != self.model_path and "lm_head.weight" not in tensors:
+            tensors["lm_head.weight"] = tensors[next(k for k in tensors if k.endswith("embed_tokens.weight"))]
+        return tensors
 
     def _write_full(self, weights: Mapping[str, Any], version: int) -> str:
         """The state dict as safetensors in DATA_DIR/weights/vN (atomically: temp dir + rename)."""
         from safetensors.torch import save_file
 
-        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}  # no shared storage
-        if self.serve_dir != self.model_path and "lm_head.weight" not in tensors:
-            embed = next(k for k in tensors if k.endswith("embed_tokens.weight"))
-            tensors["lm_head.weight"] = tensors[embed].clone()  # the untied copy's head (see _untied_model_dir)
+        tensors = {k: v.detach().to("cpu").contiguous().clone()  # no shared storage
+                   for k, v in self._served_tensors(weights).items()}
         return self._write_dir(f"v{version}", lambda d: save_file(tensors, str(d / "model.safetensors"),
                                                                    metadata={"format": "pt"}))
 
@@ -700,9 +709,9 @@ class VLLMEngine:
         port = _free_port()
         r.url = f"http://127.0.0.1:{port}"
         env = dict(os.environ)
-        env.update(self._server_env(r))
         env.pop("VIRTUAL_ENV", None)
         env.pop("PYTHONPATH", None)  # never leak clawloop's environment into vLLM's
+        env.update(self._server_env(r))
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[r.index % len(self.gpus)]
         assert self.python is not None
@@ -728,6 +737,8 @@ class VLLMEngine:
             args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.sleep_mode:
             args += ["--enable-sleep-mode"]
+        if self.shared_memory:
+            args += ["--worker-extension-cls", "clawloop_weight_sync.WeightSync"]
         return args + self.extra_args
 
     def _server_env(self, r: HTTPReplica) -> dict[str, str]:
@@ -735,6 +746,8 @@ class VLLMEngine:
         env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        if self.shared_memory:
+            env["PYTHONPATH"] = str(WORKER_DIR)  # the worker extension, and nothing else of clawloop's
         if not _has_cuda():
             env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE",
                                                            str(max(1, int(round(self.kv_cache_gib)))))
@@ -788,6 +801,10 @@ class VLLMEngine:
         if self._adapter is not None:
             await self._post(r, "/v1/load_lora_adapter", json={"lora_name": self._adapter.name,
                                                                "lora_path": self._adapter.path}, timeout=300)
+        elif self.images.current is not None:
+            await self._post(r, "/collective_rpc", json={"method": "clawloop_load_weights", "kwargs": {
+                "manifest": self.images.current.manifest(everything=True)}}, timeout=600)
+            await self._reset_prefix_cache(r)
         elif self._weights_path is not None:
             await self._post(r, "/collective_rpc", json={"method": "reload_weights",
                                                         "kwargs": {"weights_path": self._weights_path}}, timeout=600)
