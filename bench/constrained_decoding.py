@@ -35,7 +35,8 @@ from clawloop.engines.base import GenerationRequest, SamplingParams
 from clawloop.engines.hf import HFEngine
 from clawloop.gateway.constraints import build_constraint
 from clawloop.gateway.protocol import parse_chat_request
-from clawloop.gateway.render import ToolCallStream, renderer_for
+from clawloop.gateway.parsers import HermesToolParser, ToolStream
+from clawloop.gateway.render import renderer_for
 
 CALC = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic expression.",
                                          "parameters": {"type": "object", "properties": {
@@ -127,7 +128,7 @@ async def validity(engine, renderer, n: int) -> dict:
                 text = engine.tokenizer.decode(await generate(engine, ids, tag, MAX_TOKENS, i, finish=fin),
                                                skip_special_tokens=True)
             cut.append(("tool", "<tool_call>" in text, fin == ["length"]))
-            _, calls, _ = ToolCallStream().finish(text)
+            _, calls, _ = ToolStream(HermesToolParser()).finish(text)
             attempted = "<tool_call>" in text
             ok = False
             for c in calls[:1]:

@@ -37,6 +37,7 @@ class Turn:
     response_logprobs: list[float] = field(default_factory=list)
     """Logprob of each sampled id under the serving policy; one per response id."""
     response_text: str = ""
+    """The answer's content (a thinking model's reasoning is in `reasoning`, not here)."""
     tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str = "stop"
     policy_version: int = 0
@@ -56,6 +57,12 @@ class Turn:
     `response_logprobs`: "raw" = the unmodified distribution at temperature 1)."""
     request_id: str = ""
     choice_index: int = 0
+    reasoning: str | None = None
+    """A thinking model's reasoning as the client got it (`reasoning_content`); None: the reply had none."""
+    reasoning_end: int | None = None
+    """How many of `response_ids` are reasoning, its closing marker (`</think>`) included; the answer
+    starts there. `len(response_ids)` when the reply ended still reasoning; None without reasoning.
+    The ids themselves are all sampled ones, and all of them train."""
     created_at: float = field(default_factory=time.time)
     next_state_at: float | None = None
     id: int | None = None

@@ -17,7 +17,9 @@ are not the ones a model sampled). `response_versions` (one policy version per
 response id, present when a publish fell mid-response) is optional; it needs
 `response_ids` beside it, and `policy_version` is then the oldest of them.
 `tenant` (the API key's tenant that was served, "" without keys) and `sampling`
-(how the response was sampled; null when unknown) are optional too. The whole
+(how the response was sampled; null when unknown) are optional too, and so are a thinking model's
+`reasoning` (its text, as the client got it) and `reasoning_end` (how many of `response_ids` are
+reasoning, the end marker included; it needs `response_ids` beside it). The whole
 file is validated before anything is written; an error names the line.
 """
 
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
-from clawloop.store import Store, open_store
+from clawloop.store import Store
 from clawloop.config import Config
 
 
@@ -46,6 +48,8 @@ def turn_to_export(t: Turn) -> dict[str, Any]:
         d["tools"] = t.tools
     if t.tool_calls:
         d["tool_calls"] = t.tool_calls
+    if t.reasoning is not None or t.reasoning_end is not None:
+        d["reasoning"], d["reasoning_end"] = t.reasoning, t.reasoning_end
     return d
 
 
@@ -59,13 +63,19 @@ def iter_export(store: Store, tenant: str | None = None) -> Iterator[dict[str, A
         yield {"session_id": sid, "turns": [turn_to_export(t) for t in turns]}
 
 
-def export_sessions(data_dir: str | Path, out: str, tenant: str | None = None) -> int:
-    path = Path(data_dir) / "clawloop.db"
-    if not path.exists():
+def export_sessions(data_dir: str | Path, out: str, tenant: str | None = None, *, store_url: str = "") -> int:
+    """Write the sessions of the store of `data_dir` (or `store_url`, a PostgreSQL store: config key `store`)."""
+    from types import SimpleNamespace
+
+    from clawloop.naming import open_store as open_named_store
+    from clawloop.naming import store_exists, store_path
+
+    named = SimpleNamespace(data_dir=str(data_dir), store=store_url)
+    if not store_exists(named):
         from clawloop.config import ConfigError
 
-        raise ConfigError(f"data_dir: no store at {path}")
-    store = open_store(path)
+        raise ConfigError(f"data_dir: no store at {store_path(named)}")
+    store = open_named_store(named)
     n = 0
     from clawloop.progress import Progress
 
@@ -168,6 +178,12 @@ def parse_sessions(path: str | Path) -> list[tuple[str, list[dict[str, Any]]]]:
                 sampling = t.get("sampling")
                 if sampling is not None and not isinstance(sampling, dict):
                     raise ImportError_(f"{tw}.sampling: must be an object")
+                reasoning, r_end = t.get("reasoning"), t.get("reasoning_end")
+                if reasoning is not None and not isinstance(reasoning, str):
+                    raise ImportError_(f"{tw}.reasoning: must be a string")
+                if r_end is not None and not (isinstance(r_end, int) and t.get("response_ids") is not None
+                                              and 0 <= r_end <= len(t["response_ids"])):
+                    raise ImportError_(f"{tw}.reasoning_end: an index into response_ids (given beside it)")
                 version = t.get("policy_version")
                 if version is None and versions:
                     version = min(versions)
@@ -177,7 +193,7 @@ def parse_sessions(path: str | Path) -> list[tuple[str, list[dict[str, Any]]]]:
                     "prompt_ids": t.get("prompt_ids"), "response_ids": t.get("response_ids"),
                     "response_logprobs": lps, "policy_version": int(version or 0), "response_versions": versions,
                     "tools": t.get("tools"), "tool_calls": t.get("tool_calls"),
-                    "tenant": tenant, "sampling": sampling,
+                    "tenant": tenant, "sampling": sampling, "reasoning": reasoning, "reasoning_end": r_end,
                 })
             sessions.append((obj["session_id"], out))
     return sessions
@@ -227,7 +243,8 @@ def import_sessions(cfg: Config, path: str | Path) -> tuple[int, int]:
                     tool_calls=t["tool_calls"], policy_version=t["policy_version"],
                     response_versions=t["response_versions"], next_state=t["next_state"],
                     trainable=t["trainable"] and t["type"] == TURN_MAIN, request_id="import",
-                    tenant=t["tenant"], sampling=t["sampling"],
+                    tenant=t["tenant"], sampling=t["sampling"], reasoning=t["reasoning"],
+                    reasoning_end=t["reasoning_end"],
                     next_state_at=time.time() if t["next_state"] is not None else None,
                 ))
                 if t["type"] == TURN_MAIN:

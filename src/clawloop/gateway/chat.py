@@ -7,7 +7,10 @@
 The messages are rendered with the model's chat template once, here; the engine gets the ids and
 never re-tokenizes. Each of the `n` choices is sampled with `seed + index` (`choice_seed`). A
 stream's text is held back while it could still become a stop string or a tool call; tool calls
-stream as their arguments are generated. Every choice is captured token-exact as one row of the
+stream as their arguments are generated. A thinking model's reasoning (`serve.reasoning_parser`) is
+split off as `reasoning_content` (streamed as reasoning deltas); the tool calls are read after it by
+the family's tool parser (`serve.tool_parser`); a grammar constraint applies after the reasoning
+(`constraints.after_reasoning`). Every choice is captured token-exact as one row of the
 turn (`main` trains, `side` is stored only; `store: false` keeps nothing), with how it was sampled
 (`sampling_record`). The extension fields and headers are in app.py's docstring.
 """
@@ -27,9 +30,11 @@ from fastapi.responses import Response
 
 from clawloop.engines.base import GenerationRequest, SamplingParams
 from clawloop.gateway.capture import TurnSlot
-from clawloop.gateway.constraints import build_constraint
+from clawloop.gateway.constraints import after_reasoning, build_constraint
+from clawloop.gateway.parsers import ReasoningSplit, ToolStream
 from clawloop.gateway.protocol import APIError, ChatRequest, parse_chat_request
-from clawloop.gateway.render import Detokenizer, TextStream, ToolCallStream, content_chars, expand_images
+from clawloop.gateway.render import (Detokenizer, TextStream, content_chars, expand_images, finish_text,
+                                    reasoning_end)
 from clawloop.gateway.serving import Gateway, Generation, InFlight, Lease, OnDelta, choice_seed, generate
 from clawloop.records import TURN_MAIN, Turn
 
@@ -57,7 +62,8 @@ async def run_chat(gw: Gateway, request: Request, body: dict[str, Any], tenant: 
     req = parse_chat_request(body, max_len, images=gw.images)
     sid, turn_type, done = session if session is not None else gw.session_of(request, req, tenant)
     use_tools = bool(req.tools) and req.tool_choice != "none"
-    constraint = build_constraint(req, use_tools, gw.cfg.serve.constrain_tool_calls, gw.cfg.serve.json_whitespace)
+    constraint = build_constraint(req, use_tools, gw.cfg.serve.constrain_tool_calls, gw.cfg.serve.json_whitespace,
+                                  tools=gw.tool_parser)
     if req.logit_bias:
         vocab = max(len(gw.tok), int(getattr(gw.engine, "vocab_size", 0) or 0))
         if bad := [t for t in req.logit_bias if t >= vocab]:
@@ -70,6 +76,8 @@ async def run_chat(gw: Gateway, request: Request, body: dict[str, Any], tenant: 
     if len(prompt_ids) >= max_len:
         raise APIError(400, f"This model's maximum context length is {max_len} tokens; your messages "
                        f"use {len(prompt_ids)}.", param="messages", code="context_length_exceeded")
+    thinking = gw.thinking_state(prompt_ids)
+    constraint = after_reasoning(constraint, gw.reasoning_parser, thinking)
     max_tokens = min(req.max_tokens or gw.cfg.serve.default_max_tokens, max_len - len(prompt_ids))
     lease = await gw.admit(req.n, deadline)
     try:
@@ -86,7 +94,7 @@ async def run_chat(gw: Gateway, request: Request, body: dict[str, Any], tenant: 
                              constraint=constraint) for i in range(req.n)]
     ctx = ChatCompletion(gw, req, f"{rid_prefix}-{uuid.uuid4().hex}", prompt_ids, params, slot,
                          sid or req.prompt_cache_key, turn_type, use_tools, tenant=tenant, t0=t0, deadline=deadline,
-                         lease=lease, multimodal=multimodal)
+                         lease=lease, multimodal=multimodal, thinking=thinking)
     return await ctx.respond(req.stream)
 
 
@@ -127,7 +135,7 @@ class ChatChoice(Generation):
     index: int
     content: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    calls: ToolCallStream = field(default_factory=ToolCallStream)
+    calls: ToolStream | None = None
 
 
 class ChatCompletion(InFlight):
@@ -138,7 +146,7 @@ class ChatCompletion(InFlight):
 
     def __init__(self, gw: Gateway, req: ChatRequest, rid: str, prompt_ids: list[int], params: list[SamplingParams],
                  slot: TurnSlot | None, sid: str | None, turn_type: str, use_tools: bool, *, tenant: str, t0: float,
-                 deadline: float | None, lease: Lease | None, multimodal: Any = None):
+                 deadline: float | None, lease: Lease | None, multimodal: Any = None, thinking: bool | None = None):
         super().__init__(gw, rid, req.model, tenant=tenant, t0=t0, deadline=deadline, lease=lease,
                          include_usage=req.include_usage)
         self.req, self.prompt_ids, self.params, self.slot = req, prompt_ids, params, slot
@@ -146,8 +154,13 @@ class ChatCompletion(InFlight):
         self.multimodal = multimodal
         """The engine's pixel inputs for the prompt's images (None: text only)."""
         self.captured = False
-        self.samples: list[ChatChoice] = [ChatChoice(index=i, detok=Detokenizer(gw.tok),
-                                                     text=TextStream(req.stop, use_tools)) for i in range(req.n)]
+        think = gw.reasoning_parser
+        self.samples: list[ChatChoice] = [  # thinking: None without a reasoning parser, else whether it starts inside
+            ChatChoice(index=i, detok=Detokenizer(gw.tok, gw.marker_ids),
+                       text=TextStream(req.stop, gw.tool_parser if use_tools else None,
+                                       ReasoningSplit(think, thinking) if think is not None and thinking is not None
+                                       else None),
+                       calls=ToolStream(gw.tool_parser)) for i in range(req.n)]
 
     def _version(self, c: ChatChoice) -> int:
         return c.version if c.version is not None else self.start_version
@@ -164,28 +177,16 @@ class ChatCompletion(InFlight):
         streamed)."""
         if c.finish_reason is None:
             c.finish_reason = "stop"
-        sent = c.text.sent
-        rest = c.text.text[sent:]
-        c.text.sent = len(c.text.text)
-        owed: list[dict[str, Any]] = []
-        if self.use_tools:
-            if c.text.in_tool:
-                c.calls.feed(c.text.text)  # a reply that was not streamed: the same calls a stream would have
-            rest_content, calls, owed = c.calls.finish(rest, offset=sent)
-            if calls:
-                c.tool_calls = calls
-                if c.finish_reason != "length":
-                    c.finish_reason = "tool_calls"
-                rest = rest_content.strip()
-                full = (c.text.text[:sent] + rest_content).strip()
-                c.content = full or None
-                return rest, owed
-        c.content = c.text.text
+        rest, c.content, calls, owed = finish_text(c.text, c.calls if self.use_tools else None)
+        if calls:
+            c.tool_calls = calls
+            if c.finish_reason != "length":
+                c.finish_reason = "tool_calls"
         return rest, owed
 
     def tool_deltas(self, c: ChatChoice) -> list[dict[str, Any]]:
         """Tool-call deltas ready to stream (arguments as they are generated)."""
-        return c.calls.feed(c.text.text) if self.use_tools and c.text.in_tool else []
+        return c.calls.feed(c.text.text[c.text.tool_start:]) if self.use_tools and c.text.in_tool else []
 
     async def run_choice(self, c: ChatChoice, on_delta: OnDelta | None = None) -> None:
         await generate(self.gw.engine, GenerationRequest(self.prompt_ids, self.params[c.index], self.rid,
@@ -211,6 +212,8 @@ class ChatCompletion(InFlight):
                 prompt_ids=list(self.prompt_ids), response_ids=list(c.ids), response_logprobs=list(c.logprobs),
                 response_text=c.content if c.content is not None else c.text.text,
                 tool_calls=c.tool_calls or None, finish_reason="abort" if aborted else (c.finish_reason or "stop"),
+                reasoning=c.text.reasoning if c.text.split is not None and c.text.split.had_reasoning else None,
+                reasoning_end=reasoning_end(self.gw.tok, c.ids, c.text.split, self.gw.reasoning_parser),
                 policy_version=policy_version, response_versions=response_versions,
                 trainable=self.turn_type == TURN_MAIN and not aborted,
                 tenant=self.tenant,
@@ -269,6 +272,8 @@ class ChatCompletion(InFlight):
         choices = []
         for c in self.samples:
             msg: dict[str, Any] = {"role": "assistant", "content": c.content}
+            if c.text.reasoning:
+                msg["reasoning_content"] = c.text.reasoning
             if c.tool_calls:
                 msg["tool_calls"] = c.tool_calls
             ch: dict[str, Any] = {"index": c.index, "message": msg, "finish_reason": c.finish_reason,
@@ -289,6 +294,8 @@ class ChatCompletion(InFlight):
 
         async def on_delta(c: ChatChoice, delta: str, start: int) -> None:
             d: dict[str, Any] = {"content": delta} if delta else {}
+            if r := c.text.take_reasoning():
+                d["reasoning_content"] = r
             if calls := self.tool_deltas(c):
                 d["tool_calls"] = calls
             await q.put(self._delta_chunk(c, d, start, len(c.ids)))
@@ -298,6 +305,8 @@ class ChatCompletion(InFlight):
             start = len(c.ids)
             tail, owed = self.finalize(c)
             delta: dict[str, Any] = {}
+            if r := c.text.take_reasoning():
+                delta["reasoning_content"] = r
             if tail:
                 delta["content"] = tail
             if owed:

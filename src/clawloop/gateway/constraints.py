@@ -3,13 +3,15 @@
 - `response_format` `json_object` / `json_schema` → the schema's JSON (strict: a property
   the schema does not name is refused, as OpenAI's strict mode does), with no free
   whitespace by default (`JSON_WHITESPACE`).
-- offered tools → every `<tool_call>` block is `{"name": <an offered name>, "arguments":
-  <that tool's parameter schema>}`, in the Hermes/Qwen format the gateway parses
-  (render.py); `tool_choice`: `auto` free text with optional calls (`triggered_tags`),
+- offered tools → every call is `{"name": <an offered name>, "arguments": <that tool's
+  parameter schema>}`, written in the served family's format (its tool parser's `call_tag`:
+  Hermes `<tool_call>` blocks by default, Llama 3 JSON, Mistral `[TOOL_CALLS]`); `tool_choice`: `auto` free text with optional calls (`triggered_tags`),
   `required` at least one call, a named function exactly that call, `none` no tools at
   all (they are not rendered); `parallel_tool_calls: false` ends the reply after the
   first call.
 - both: the reply is either the JSON or the tool calls.
+- a thinking model (`after_reasoning`): the reasoning is free text up to its end marker, and
+  the constraint applies after it.
 
 The same object goes to the hf engine (xgrammar) and to vLLM (`structured_outputs.
 structural_tag`), so both engines enforce the same grammar. A schema xgrammar cannot
@@ -23,7 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from clawloop.gateway.protocol import APIError, ChatRequest
-from clawloop.gateway.render import TOOL_CLOSE, TOOL_OPEN
+from clawloop.gateway.parsers import HermesToolParser, ReasoningParser, ToolParser
 
 JSON_WHITESPACE = 0
 """Whitespace a constrained JSON value may hold in each gap between its tokens, beyond the one space
@@ -97,11 +99,14 @@ def bounded_strings(schema: Any) -> Any:
     return out
 
 
-def tool_tag(tool: dict[str, Any], whitespace: int = JSON_WHITESPACE) -> dict[str, Any]:
+HERMES = HermesToolParser()
+
+
+def tool_tag(tool: dict[str, Any], whitespace: int = JSON_WHITESPACE, parser: ToolParser = HERMES) -> dict[str, Any]:
     fn = tool["function"]
     params = fn.get("parameters") or EMPTY_PARAMETERS
-    return {"type": "tag", "begin": f'{TOOL_OPEN}\n{{"name": {json.dumps(fn["name"])}, "arguments": ',
-            "content": _json_format(params, whitespace), "end": f"}}\n{TOOL_CLOSE}"}
+    begin, end = parser.call_tag(fn["name"])
+    return {"type": "tag", "begin": begin, "content": _json_format(params, whitespace), "end": end}
 
 
 def _content_format(req: ChatRequest, whitespace: int = JSON_WHITESPACE) -> dict[str, Any] | None:
@@ -114,9 +119,10 @@ def _content_format(req: ChatRequest, whitespace: int = JSON_WHITESPACE) -> dict
 
 
 def build_constraint(req: ChatRequest, use_tools: bool, constrain_tools: bool = True,
-                     json_whitespace: int = JSON_WHITESPACE) -> dict[str, Any] | None:
+                     json_whitespace: int = JSON_WHITESPACE, *, tools: ToolParser = HERMES) -> dict[str, Any] | None:
     """The structural tag for `req`, or None when its output is free text. `json_whitespace`: see
-    `JSON_WHITESPACE` (0, the default: no free whitespace in the JSON; N: up to N characters a gap)."""
+    `JSON_WHITESPACE` (0, the default: no free whitespace in the JSON; N: up to N characters a gap).
+    `tools`: the family's tool parser, whose format the calls are written in."""
     if json_whitespace < 0:
         raise ValueError(f"json_whitespace must be >= 0, got {json_whitespace}")
     ws = json_whitespace
@@ -126,10 +132,10 @@ def build_constraint(req: ChatRequest, use_tools: bool, constrain_tools: bool = 
         tc = req.tool_choice
         if isinstance(tc, dict):
             chosen = [t for t in req.tools if t["function"]["name"] == tc["function"]["name"]]
-            tools_format = tool_tag(chosen[0], ws)
+            tools_format = tool_tag(chosen[0], ws, tools)
         else:
-            tools_format = {"type": "triggered_tags", "triggers": [TOOL_OPEN],
-                            "tags": [tool_tag(t, ws) for t in req.tools],
+            tools_format = {"type": "triggered_tags", "triggers": [tools.trigger],
+                            "tags": [tool_tag(t, ws, tools) for t in req.tools],
                             "at_least_one": tc == "required" or content is not None,
                             "stop_after_first": not req.parallel_tool_calls}
     if content is not None and tools_format is not None:
@@ -142,11 +148,26 @@ def build_constraint(req: ChatRequest, use_tools: bool, constrain_tools: bool = 
     if fmt is None:
         return None
     tag = {"type": "structural_tag", "format": fmt}
-    _check(req, tag, ws)
+    _check(req, tag, ws, tools)
     return tag
 
 
-def _check(req: ChatRequest, tag: dict[str, Any], ws: int) -> None:
+def after_reasoning(tag: dict[str, Any] | None, parser: ReasoningParser | None,
+                    inside: bool | None) -> dict[str, Any] | None:
+    """`tag` for a thinking model: free reasoning up to the parser's end marker, then `tag`'s format.
+    `inside`: the prompt opened the reasoning (the output starts in it); otherwise the model may open
+    it itself (its start marker first) or answer at once."""
+    if tag is None or parser is None or inside is None:
+        return tag
+    fmt = tag["format"]
+    gap = [{"type": "const_string", "value": parser.gap}] if parser.gap else []
+    think = {"type": "tag", "begin": "" if inside else parser.start, "content": {"type": "any_text"},
+             "end": parser.end}
+    after = {"type": "sequence", "elements": [think, *gap, fmt]}
+    return {"type": "structural_tag", "format": after if inside else {"type": "or", "elements": [after, fmt]}}
+
+
+def _check(req: ChatRequest, tag: dict[str, Any], ws: int, tools: ToolParser = HERMES) -> None:
     """400 naming the parameter whose schema does not compile."""
     if _compiles(json.dumps(tag)) is None:
         return
@@ -157,7 +178,7 @@ def _check(req: ChatRequest, tag: dict[str, Any], ws: int) -> None:
                      else "response_format")
             raise APIError(400, f"Invalid schema in '{param}': {why}", param=param, code="invalid_schema")
     for i, t in enumerate(req.tools or ()):
-        why = _compiles(json.dumps({"type": "structural_tag", "format": tool_tag(t, ws)}))
+        why = _compiles(json.dumps({"type": "structural_tag", "format": tool_tag(t, ws, tools)}))
         if why is not None:
             param = f"tools[{i}].function.parameters"
             raise APIError(400, f"Invalid schema in '{param}': {why}", param=param, code="invalid_schema")

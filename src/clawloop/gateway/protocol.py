@@ -353,6 +353,15 @@ def normalize_messages(messages: Any, *, images: bool | str = False,
                 owed = {str(c["id"]): i for c in m["tool_calls"] if isinstance(c, dict) and c.get("id")}
             if msg["content"] is None and "tool_calls" not in msg:
                 msg["content"] = ""
+            # A thinking model's earlier reasoning, sent back (vLLM/SGLang name it `reasoning_content`, newer
+            # vLLM `reasoning`): the chat template decides whether it is rendered (Qwen3 keeps it only after
+            # the last user message). Linking never looks at it, so keeping or dropping it links the same.
+            reasoning = m.get("reasoning_content", m.get("reasoning"))
+            if reasoning is not None:
+                if not isinstance(reasoning, str):
+                    raise bad_value(f"Invalid type for '{p}.reasoning_content': expected a string.",
+                                    p + ".reasoning_content", code="invalid_type")
+                msg["reasoning_content"] = reasoning
         else:
             if content is None:
                 raise bad_value(f"Missing required parameter: '{p}.content'.", p + ".content",

@@ -17,11 +17,9 @@ such strings take the old path unchanged, so their ids are exactly those of
 content keeps the model's own non-special added tokens (`<tool_call>`,
 `<think>`): templates read them there, and the model wrote them.
 
-Tool calls use the Qwen/Hermes convention the tiny model is trained on:
-
-    <tool_call>
-    {"name": "calculator", "arguments": {"expression": "12+7"}}
-    </tool_call>
+Reasoning and tool calls are read off the text by the model family's parsers (`gateway/parsers/`:
+Qwen3 `<think>`, Hermes/Qwen `<tool_call>`, Llama 3 JSON, Mistral `[TOOL_CALLS]`); `TextStream` holds
+back what may still become one and splits the reasoning off as it streams.
 """
 
 from __future__ import annotations
@@ -30,13 +28,10 @@ import asyncio
 import json
 import re
 import secrets
-import uuid
 from functools import lru_cache
 from typing import Any
 
-TOOL_OPEN = "<tool_call>"
-TOOL_CLOSE = "</tool_call>"
-_TOOL_RE = re.compile(re.escape(TOOL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(TOOL_CLOSE) + r"|$)", re.S)
+from clawloop.gateway.parsers import HermesToolParser, ReasoningSplit, ToolParser, ToolStream
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -202,34 +197,6 @@ async def expand_images(engine: Any, prompt_ids: list[int], images: list[Any]) -
                        code="invalid_value") from None
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split model output into (content, tool_calls). Blocks that are not valid
-    JSON with a `name` stay in the content, so nothing the model wrote is lost."""
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    pos = 0
-    for m in _TOOL_RE.finditer(text):
-        try:
-            obj = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            continue
-        args = obj.get("arguments", obj.get("parameters", {}))
-        kept.append(text[pos:m.start()])
-        pos = m.end()
-        calls.append({
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)},
-        })
-    if not calls:
-        return text, []
-    kept.append(text[pos:])
-    content = "".join(kept).strip()
-    return (content or None), calls
-
-
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet reversed: the character a byte-level BPE vocabulary uses → the byte."""
@@ -294,15 +261,20 @@ class TokenPieces:
 class Detokenizer:
     """Incremental decoding of sampled ids, safe for multi-byte characters split
     across byte-level tokens: a delta is released only once it decodes cleanly.
-    Special tokens (eos) produce no text."""
+    Special tokens (eos) produce no text, except those in `keep` (a parser's markers that the
+    tokenizer calls special, such as Mistral's `[TOOL_CALLS]`: `marker_ids`)."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, keep: frozenset[int] = frozenset()):
         self.tok = tokenizer
         self.ids: list[int] = []
         self._prefix = 0
         self._read = 0
+        self._skip = special_ids(tokenizer) - keep if keep else None
 
     def _decode(self, ids: list[int]) -> str:
+        if self._skip is not None:
+            return self.tok.decode([i for i in ids if i not in self._skip], skip_special_tokens=False,
+                                   clean_up_tokenization_spaces=False)
         return self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def push(self, token_id: int) -> str:
@@ -336,26 +308,57 @@ class Detokenizer:
         return new_text[len(prefix_text):]
 
 
+def special_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids `decode(skip_special_tokens=True)` leaves out."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return frozenset(getattr(tokenizer, "all_special_ids", None) or []) | frozenset(
+        i for i, t in added.items() if getattr(t, "special", False))
+
+
+@lru_cache(maxsize=32)
+def marker_ids(tokenizer: Any, markers: tuple[str, ...]) -> frozenset[int]:
+    """The special tokens among a parser's `markers` (each one token of the vocabulary): kept in the text."""
+    vocab = tokenizer.get_vocab()
+    return frozenset(vocab[m] for m in markers if m in vocab) & special_ids(tokenizer)
+
+
 class TextStream:
     """Turns token deltas into what may be shown to the client now.
 
-    Holds back text that could still become a stop string or the start of a
-    tool call, truncates at a stop string (`stopped`), and once a tool call
-    opens (`in_tool`) keeps the rest for parsing at the end.
+    With a `reasoning` split, the reasoning is taken off first (`reasoning`, and `take_reasoning()`
+    for what is new); the rest is the content. Holds back content that could still become a stop
+    string or the start of a tool call (`tools`: the family's parser; True: Hermes), truncates at
+    a stop string (`stopped`; stop strings apply to the content, not to the reasoning), and once a
+    tool call opens (`in_tool`, at `tool_start`) keeps the rest for the tool parser.
     """
 
-    def __init__(self, stop: list[str], tools: bool):
+    def __init__(self, stop: list[str], tools: ToolParser | bool | None = None,
+                 reasoning: ReasoningSplit | None = None):
         self.stop = stop
-        self.tools = tools
-        self.text = ""  # everything generated (truncated at a stop string)
+        self.tools: ToolParser | None = HermesToolParser() if tools is True else (tools or None)
+        self.split = reasoning
+        self.text = ""  # the content generated (truncated at a stop string)
         self.sent = 0  # characters of `text` released as content
         self.stopped = False
         self.in_tool = False
-        self._guards = list(stop) + ([TOOL_OPEN] if tools else [])
+        self.tool_start = 0
+        self._reasoning_new = ""
+
+    @property
+    def reasoning(self) -> str:
+        return self.split.reasoning if self.split is not None else ""
+
+    def take_reasoning(self) -> str:
+        """The reasoning produced since the last call."""
+        r, self._reasoning_new = self._reasoning_new, ""
+        return r
 
     def feed(self, delta: str, final: bool = False) -> str:
         if self.stopped:
             return ""
+        if self.split is not None:
+            r, delta = self.split.feed(delta, final)
+            self._reasoning_new += r
         self.text += delta
         for s in self.stop:
             i = self.text.find(s, max(0, self.sent - len(s)))
@@ -363,10 +366,11 @@ class TextStream:
                 self.text = self.text[:i]
                 self.stopped = True
                 final = True
-        if self.tools and not self.in_tool:
-            j = self.text.find(TOOL_OPEN, self.sent)
-            if j >= 0:
+        if self.tools is not None and not self.in_tool:
+            j = self.tools.find_start(self.text, self.sent)
+            if j is not None:
                 self.in_tool = True
+                self.tool_start = j
                 out = self.text[self.sent:j]
                 self.sent = j
                 return out
@@ -374,129 +378,51 @@ class TextStream:
             return ""
         limit = len(self.text)
         if not final:
-            # keep back the longest suffix that is a proper prefix of a guard string
-            for g in self._guards:
+            # keep back the longest suffix that is a proper prefix of a stop string or a tool call's start
+            for g in self.stop:
                 for k in range(min(len(g) - 1, len(self.text) - self.sent), 0, -1):
                     if self.text.endswith(g[:k]):
                         limit = min(limit, len(self.text) - k)
                         break
+            if self.tools is not None:
+                limit = min(limit, max(self.sent, self.tools.hold(self.text, self.sent)))
         out = self.text[self.sent:limit]
         self.sent = limit
         return out
 
 
-_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+def finish_text(text: TextStream, calls: ToolStream | None) -> tuple[str, str | None, list[dict[str, Any]],
+                                                                       list[dict[str, Any]]]:
+    """A choice's end: (the held-back tail to show now, the whole content, the tool calls, the tool-call
+    deltas not streamed yet). `calls`: None when the request offered no tools."""
+    sent = text.sent
+    rest = text.text[sent:]
+    text.sent = len(text.text)
+    if calls is not None and text.in_tool:
+        owed = calls.feed(rest)  # not streamed: the same calls a stream has (streamed: what is left)
+        rest_content, found, more = calls.finish(rest)
+        if found:
+            return rest_content.strip(), (text.text[:sent] + rest_content).strip() or None, found, owed + more
+    return rest, text.text, [], []
 
 
-class ToolCallStream:
-    """Tool calls streamed as they are generated, OpenAI style: a call's first delta carries its
-    id and name, later ones pieces of its `arguments` text.
-
-    `feed` takes the held-back text from the first `<tool_call>` on (all of it, each time) and
-    returns the new `delta.tool_calls` entries. A block written as `{"name": ..., "arguments": ...}`
-    (the order the constrained grammar produces) streams; any other shape is left for `finish`,
-    which parses the whole text and returns the calls (streamed ones keep their ids and indexes)
-    and the deltas still owed."""
-
-    def __init__(self) -> None:
-        self.pos = 0  # where to look for the next block
-        self.calls: list[dict[str, Any]] = []  # streamed calls: index, id, name, block, args, sent, done
-        self._cur: dict[str, Any] | None = None
-
-    def feed(self, text: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        while True:
-            cur = self._cur
-            if cur is None:
-                j = text.find(TOOL_OPEN, self.pos)
-                if j < 0:
-                    return out
-                m = _CALL_HEAD.match(text, j + len(TOOL_OPEN))
-                if m is None or m.end() == len(text):  # not (yet) the streamable shape
-                    close = text.find(TOOL_CLOSE, j)
-                    if m is None and close >= 0:
-                        self.pos = close + len(TOOL_CLOSE)  # complete but another shape: parsed by finish
-                        continue
-                    return out
-                try:
-                    name = json.loads(f'"{m.group(1)}"')
-                except json.JSONDecodeError:
-                    name = m.group(1)
-                cur = self._cur = {"index": len(self.calls), "id": f"call_{uuid.uuid4().hex[:24]}", "name": name,
-                                   "block": j, "from": m.end(), "scan": m.end(), "depth": 0, "in_str": False,
-                                   "esc": False, "sent": "", "done": False, "streamable": True}
-                self.calls.append(cur)
-                out.append({"index": cur["index"], "id": cur["id"], "type": "function",
-                            "function": {"name": name, "arguments": ""}})
-            new = self._scan(cur, text)
-            if new:
-                cur["sent"] += new
-                out.append({"index": cur["index"], "function": {"arguments": new}})
-            if not cur["done"]:
-                return out
-            close = text.find(TOOL_CLOSE, cur["scan"])
-            if close < 0:
-                return out
-            self.pos = close + len(TOOL_CLOSE)
-            self._cur = None
-
-    @staticmethod
-    def _scan(cur: dict[str, Any], text: str) -> str:
-        """Advance over the arguments' JSON; return the part of it not yet sent."""
-        i, start = cur["scan"], cur["scan"]
-        while i < len(text) and not cur["done"]:
-            ch = text[i]
-            if cur["depth"] == 0 and not cur["sent"] and i == start and start == cur["from"] and ch != "{":
-                cur["done"], cur["streamable"] = True, False  # arguments that are not an object: finish parses
-                return ""
-            if cur["in_str"]:
-                if cur["esc"]:
-                    cur["esc"] = False
-                elif ch == "\\":
-                    cur["esc"] = True
-                elif ch == '"':
-                    cur["in_str"] = False
-            elif ch == '"':
-                cur["in_str"] = True
-            elif ch in "{[":
-                cur["depth"] += 1
-            elif ch in "}]":
-                cur["depth"] -= 1
-                if cur["depth"] == 0:
-                    cur["done"] = True
-            i += 1
-        cur["scan"] = i
-        return text[start:i]
-
-    def finish(self, text: str, offset: int = 0) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
-        """(the text outside the calls, unstripped; every call in index order; the deltas not yet
-        sent). `text` is the generated text from `offset` on (the part not shown as content)."""
-        by_block = {c["block"]: c for c in self.calls}
-        calls: list[tuple[int, dict[str, Any]]] = []
-        owed: list[dict[str, Any]] = []
-        kept: list[str] = []
-        pos, extra = 0, len(self.calls)
-        for m in _TOOL_RE.finditer(text):
-            streamed = by_block.get(m.start() + offset)
-            _, parsed = parse_tool_calls(m.group(0))
-            p = parsed[0] if parsed else None
-            if streamed is not None:
-                args = streamed["sent"]
-                if p is not None and p["function"]["arguments"].startswith(args):
-                    args = p["function"]["arguments"]  # what the client has is what it keeps
-                if len(args) > len(streamed["sent"]):
-                    owed.append({"index": streamed["index"], "function": {"arguments": args[len(streamed["sent"]):]}})
-                calls.append((streamed["index"], {"id": streamed["id"], "type": "function",
-                                                  "function": {"name": streamed["name"], "arguments": args}}))
-            elif p is not None:
-                calls.append((extra, p))
-                owed.append({"index": extra, **p})
-                extra += 1
-            else:
-                continue  # not a call: stays in the content
-            kept.append(text[pos:m.start()])
-            pos = m.end()
-        if not calls:
-            return text, [], []
-        kept.append(text[pos:])
-        return "".join(kept), [c for _, c in sorted(calls, key=lambda x: x[0])], owed
+def reasoning_end(tokenizer: Any, ids: list[int], split: ReasoningSplit | None, parser: Any) -> int | None:
+    """How many of the sampled `ids` are reasoning, the closing marker included (`Turn.reasoning_end`):
+    None when the reply has no reasoning; `len(ids)` when it ended still reasoning (max_tokens).
+    Read off the ids: the marker's own token where the vocabulary has one, else the shortest prefix
+    whose text holds the marker."""
+    if split is None or not split.had_reasoning:
+        return None
+    if not split.closed:
+        return len(ids)
+    tid = tokenizer.get_vocab().get(parser.end)
+    if tid is not None and tid in ids:
+        return ids.index(tid) + 1
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if parser.end in tokenizer.decode(ids[:mid], skip_special_tokens=False):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -38,7 +38,8 @@ from clawloop.engines.base import Engine, EngineUnavailable, GenerationRequest, 
 from clawloop.gateway.capture import Capture, TurnSlot
 from clawloop.gateway.metrics import Metrics
 from clawloop.gateway.protocol import APIError, parse_json_body
-from clawloop.gateway.render import Detokenizer, TextStream, TokenPieces, image_policy, renderer_for
+from clawloop.gateway.parsers import select_parsers
+from clawloop.gateway.render import Detokenizer, TextStream, TokenPieces, image_policy, marker_ids, renderer_for
 from clawloop.records import TURN_MAIN, TURN_SIDE
 from clawloop.store import Store
 
@@ -194,6 +195,13 @@ class Gateway:
         self.pieces = TokenPieces(self.tok)
         self.images = image_policy(engine)
         """True when the engine takes image parts, else why they are refused."""
+        self.reasoning_parser, self.tool_parser = select_parsers(
+            cfg.serve.reasoning_parser, cfg.serve.tool_parser, getattr(self.tok, "chat_template", None))
+        """The model family's parsers (gateway/parsers/; `auto` read off the chat template)."""
+        markers = self.tool_parser.markers + ((self.reasoning_parser.start, self.reasoning_parser.end)
+                                              if self.reasoning_parser is not None else ())
+        self.marker_ids = marker_ids(self.tok, markers)
+        """Special tokens the parsers read, kept in the detokenized text."""
         # Keys are compared as SHA-256 digests, all of them every time: no timing tells which one was close.
         self._keys = [(tenant, hashlib.sha256(key.encode()).digest())
                       for tenant, key in api_key_tenants(list(cfg.serve.api_keys))]
@@ -212,6 +220,13 @@ class Gateway:
             except Exception:  # a broken stats source must not break /metrics
                 log.exception("stats source failed")
         return out
+
+    def thinking_state(self, prompt_ids: list[int]) -> bool | None:
+        """None without a reasoning parser; else whether the output begins inside the reasoning (the
+        prompt opened it, as Qwen3's thinking templates do)."""
+        if self.reasoning_parser is None:
+            return None
+        return self.reasoning_parser.starts_inside(self.tok.decode(prompt_ids[-16:], skip_special_tokens=False))
 
     # -- request handling --------------------------------------------------
     def check_auth(self, request: Request) -> str:

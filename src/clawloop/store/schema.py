@@ -93,6 +93,7 @@ MIGRATIONS = (
     ("turns", "prompt_tail", "BLOB"),
     ("turns", "messages_ref", "BLOB"),
     ("turns", "tools_ref", "BLOB"),
+    ("turns", "reasoning", "TEXT"),  # JSON {"text", "end"}: Turn.reasoning, Turn.reasoning_end; NULL: none
 )
 # Indexes over migrated columns would go here; the partial pending index only needs finish_reason.
 
@@ -104,7 +105,7 @@ TURN_COLS = (
     "id, session_id, idx, choice_index, type, messages, tools, prompt_ids, response_ids, "
     "response_logprobs, response_text, tool_calls, finish_reason, policy_version, next_state, "
     "final, trainable, request_id, created_at, next_state_at, response_versions, tenant, sampling, "
-    "prompt_ref, prompt_tail, messages_ref, tools_ref"
+    "prompt_ref, prompt_tail, messages_ref, tools_ref, reasoning"
 )
 INSERT_TURN = (f"INSERT INTO turns ({TURN_COLS.removeprefix('id, ')}) "
                f"VALUES ({','.join('?' * (len(TURN_COLS.split(',')) - 1))})")
@@ -117,7 +118,7 @@ FINISH_TURN = (
     "response_ids=?, response_logprobs=?, "
     "response_text=?, tool_calls=?, finish_reason=?, policy_version=?, next_state=COALESCE(?, next_state), "
     "next_state_at=COALESCE(?, next_state_at), final=MAX(final, ?), trainable=?, request_id=?, created_at=?, "
-    "response_versions=?, tenant=?, sampling=? "
+    "response_versions=?, tenant=?, sampling=?, reasoning=? "
     "WHERE session_id=? AND idx=? AND choice_index=? "
     "AND ((finish_reason IN ('pending', 'abort') AND request_id=?) OR (request_id<>'' AND request_id=?)) RETURNING id"
 )
@@ -133,7 +134,8 @@ def loads(s: str | None) -> Any:
 def row_to_turn(r: sqlite3.Row | tuple, store: Chunks, conn: sqlite3.Connection) -> Turn:
     """A `TURN_COLS` row as a Turn; `store` reads the pieces a row of the stored-once format names."""
     (id_, sid, idx, choice, typ, msgs, tools, pids, rids, rlps, text, tcs, fin, ver, ns,
-     final, trainable, req, created, ns_at, rvers, tenant, sampling, pref, ptail, mref, tref) = r
+     final, trainable, req, created, ns_at, rvers, tenant, sampling, pref, ptail, mref, tref, reasoning) = r
+    think = loads(reasoning) or {}
     return Turn(
         id=id_, session_id=sid, index=idx, choice_index=choice, type=typ,
         messages=json.loads(msgs) if mref is None else store.messages(conn, mref),
@@ -143,7 +145,7 @@ def row_to_turn(r: sqlite3.Row | tuple, store: Chunks, conn: sqlite3.Connection)
         response_text=text, tool_calls=loads(tcs), finish_reason=fin, policy_version=ver,
         next_state=loads(ns), final=bool(final), trainable=bool(trainable), request_id=req,
         created_at=created, next_state_at=ns_at, response_versions=loads(rvers),
-        tenant=tenant or "", sampling=loads(sampling),
+        tenant=tenant or "", sampling=loads(sampling), reasoning=think.get("text"), reasoning_end=think.get("end"),
     )
 
 
@@ -169,8 +171,14 @@ def turn_values(t: Turn, store: Chunks, conn: sqlite3.Connection) -> tuple:
         "", dumps(list(t.response_ids)), dumps(list(t.response_logprobs)),
         t.response_text, dumps(t.tool_calls), t.finish_reason, int(t.policy_version), dumps(t.next_state),
         int(t.final), int(t.trainable), t.request_id, t.created_at, t.next_state_at, versions_json(t),
-        t.tenant or None, dumps(t.sampling), pref, ptail, mref, tref,
+        t.tenant or None, dumps(t.sampling), pref, ptail, mref, tref, reasoning_json(t),
     )
+
+
+def reasoning_json(t: Turn) -> str | None:
+    if t.reasoning is None and t.reasoning_end is None:
+        return None
+    return dumps({"text": t.reasoning, "end": t.reasoning_end})
 
 
 def versions_json(t: Turn) -> str | None:

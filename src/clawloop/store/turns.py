@@ -19,7 +19,8 @@ from typing import Any, Iterator
 
 from clawloop.records import TURN_MAIN, Turn
 from clawloop.store.schema import (ABORT, FINISH_TURN, INSERT_TURN, PENDING, TURN_COLS, dumps, loads, put_prompt,
-                                   put_tools, row_to_turn, turn_values, versions_json)
+                                   put_tools, reasoning_json, row_to_turn, turn_values,
+                                   versions_json)
 from clawloop.store.writer import SQLiteBase
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class TurnRows(SQLiteBase):
                 dumps(list(t.response_ids)),
                 dumps(list(t.response_logprobs)), t.response_text, dumps(t.tool_calls), t.finish_reason,
                 int(t.policy_version), dumps(t.next_state), t.next_state_at, int(t.final), int(t.trainable),
-                t.request_id, t.created_at, versions_json(t), t.tenant or None, dumps(t.sampling),
+                t.request_id, t.created_at, versions_json(t), t.tenant or None, dumps(t.sampling), reasoning_json(t),
                 t.session_id, t.index, t.choice_index, key or None, t.request_id,  # None: matches no row
             )).fetchall()
             if row:
