@@ -81,11 +81,13 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from clawloop.engines.base import LoraAdapter
+from clawloop.gateway.capture import IMAGES_DIR
 from clawloop.losses import (
     anchor_kl_loss,
     anchor_positions,
@@ -113,6 +115,7 @@ from clawloop.quant import load_4bit
 from clawloop.trainer.device import auto_lr, resolve_train_device
 from clawloop.trainer.hints import hint_candidates, longest_hint, pick_by_overlap, topk_overlap
 from clawloop.trainer.metrics import merge_stats
+from clawloop.trainer.vision import SampleImages, vision_model_class
 
 log = logging.getLogger(__name__)
 
@@ -208,29 +211,32 @@ def _keeps_logits_window(cls: type) -> bool:
 
 
 def window_logits(model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor, start: int, end: int, *,
-                  autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+                  autocast_dtype: torch.dtype | None = None, mm: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """The logits of predicted positions start..end-1 only (position t predicts token t + 1): (B, end-start, V),
     in the model's dtype. The forward runs over every token (the window's context); the output layer runs on
     the window alone where the model takes transformers' `logits_to_keep`, which is what keeps a 28 k-token
-    prompt's (L, V) logits from existing when only its answer is trained (a model without it: sliced after)."""
+    prompt's (L, V) logits from existing when only its answer is trained (a model without it: sliced after).
+    `mm`: a vision-language model's image inputs (`vision.SampleImages.batch_inputs`)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: the wrapped model
+    extra = mm or {}
     with _autocast(tokens.device, autocast_dtype):
         if _keeps_logits_window(type(base)):
             keep = torch.arange(start, end, device=tokens.device)  # (W,)
-            return model(input_ids=tokens, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits
-        return model(input_ids=tokens, attention_mask=attn, use_cache=False).logits[:, start:end]
+            return model(input_ids=tokens, attention_mask=attn, use_cache=False, logits_to_keep=keep, **extra).logits
+        return model(input_ids=tokens, attention_mask=attn, use_cache=False, **extra).logits[:, start:end]
 
 
 def token_logprobs(model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor,
                    want_logits: bool = False, *, autocast_dtype: torch.dtype | None = None,
-                   start: int = 0, end: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   start: int = 0, end: int | None = None,
+                   mm: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) for t in start..end-1 (default: 0..L-2): (B, W), and with
     `want_logits` the window's float32 logits (B, W, V).
 
     `autocast_dtype` (bf16 on CUDA) covers the model's forward only: the logprobs are taken in float32,
     in pieces (`chunked_logprobs`). Only the window's logits are computed (`window_logits`)."""
     end = tokens.shape[1] - 1 if end is None else end
-    logits = window_logits(model, tokens, attn, start, end, autocast_dtype=autocast_dtype)  # (B, W, V)
+    logits = window_logits(model, tokens, attn, start, end, autocast_dtype=autocast_dtype, mm=mm)  # (B, W, V)
     lp = chunked_logprobs(logits, tokens[:, start + 1:end + 1])  # (B, W)
     return lp, (logits.float() if want_logits else None)
 
@@ -269,11 +275,15 @@ class Trainer:
         torch.manual_seed(t.seed)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id or 0
+        model_cls = vision_model_class(self.model_path) or AutoModelForCausalLM  # a VLM: the class the engine serves
         self.load_in_4bit = bool(cfg.model.load_in_4bit)
         """QLoRA (`quant.py`): NF4 linear layers, the rest float32 on CPU / bf16 on CUDA (frozen: autocast's)."""
-        base = (load_4bit(AutoModelForCausalLM, self.model_path, self.autocast_dtype or torch.float32, self.device)
-                if self.load_in_4bit else AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).to(self.device))
+        base = (load_4bit(model_cls, self.model_path, self.autocast_dtype or torch.float32, self.device)
+                if self.load_in_4bit else model_cls.from_pretrained(self.model_path, dtype=torch.float32).to(self.device))
         self.vocab_size = int(base.get_output_embeddings().weight.shape[0])
+        self.images = (SampleImages.for_model(base, self.model_path, Path(cfg.data_dir) / IMAGES_DIR)
+                       if model_cls is not AutoModelForCausalLM else None)
+        """A vision-language policy's stored images, rebuilt into pixel inputs per sample (`vision.py`); None: text."""
         self.use_lora = bool(t.use_lora)
         self.use_rl = t.method in ("binary", "combine")
         self.use_opd = t.method in ("opd", "combine")
@@ -337,8 +347,6 @@ class Trainer:
 
     def _load_teacher_model(self, path: str) -> torch.nn.Module:
         """--teacher-model: another model, frozen, on the trainer's device; same vocabulary or a ConfigError."""
-        from pathlib import Path
-
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from clawloop.config import ConfigError
@@ -497,7 +505,9 @@ class Trainer:
 
     def choose_hints(self, samples: list[Sample]) -> tuple[list[str | None], dict[str, float]]:
         """The hint each sample's teacher sees (`train.hint_selection`, see hints.py) and stats."""
-        cands = [hint_candidates(s) if s.messages and s.prompt_len > 0 else [] for s in samples]
+        # an image sample gets no teacher: the hinted prompt is re-rendered, its image placeholders not expanded
+        cands = [hint_candidates(s) if s.messages and s.prompt_len > 0 and not self._has_images(s) else []
+                 for s in samples]
         hints = [longest_hint(c) for c in cands]
         multi = [i for i, c in enumerate(cands) if len(c) > 1]
         stats = {"train/hint_multi_candidate_samples": float(len(multi))}
@@ -526,6 +536,9 @@ class Trainer:
         stats["train/hint_overlap"] = sum(chosen) / len(chosen)
         stats["train/hint_not_longest_frac"] = changed / len(multi)
         return hints, stats
+
+    def _has_images(self, s: Sample) -> bool:
+        return self.images is not None and self.images.token_id in s.tokens[:s.prompt_len]
 
     def teacher_signals(self, samples: list[Sample], hints: list[str | None]) -> list[TeacherSignal | None]:
         """The teacher's view of each sample with a hint (None without one): per-token logprobs, and
@@ -591,22 +604,23 @@ class Trainer:
         """`batch.tensorize`, plus the base weights' logprobs (`ref`: for the KL) and logits (for the anchor)."""
         # a custom loss sees whole rows (its inputs line up with `tokens`); the built-in ones the loss window
         b = tensorize(samples, teacher, scores, pad_id=self.pad_id, device=self.device, window=self.custom_loss is None)
+        b.mm = self.images.batch_inputs(samples, b.tokens) if self.images is not None else None
         if ref or self.anchors:
             with self.frozen_model() as base:
                 ref_lp, b.ref_logits = self._eval_logprobs(base, b.tokens, b.attn, want_logits=self.anchors,
-                                                           start=b.start, end=b.end)
+                                                           start=b.start, end=b.end, mm=b.mm)
             b.ref_lp = ref_lp if ref else None
         return b
 
     def _eval_logprobs(self, model: torch.nn.Module, tokens: torch.Tensor, attn: torch.Tensor,
-                       want_logits: bool = False, *, start: int = 0,
-                       end: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       want_logits: bool = False, *, start: int = 0, end: int | None = None,
+                       mm: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         was = model.training
         model.eval()
         try:
             with torch.no_grad():
                 return token_logprobs(model, tokens, attn, want_logits, autocast_dtype=self.autocast_dtype,
-                                      start=start, end=end)
+                                      start=start, end=end, mm=mm)
         finally:
             model.train(was)
 
@@ -723,6 +737,9 @@ class Trainer:
         if dropped:
             log.warning("%d of %d samples dropped as stale: every response token is more than %d versions older "
                         "than v%d (train/stale_dropped)", dropped, n_in, t.max_staleness, current)
+        if self.images is not None:  # a VLM: samples whose stored images are missing are skipped, not guessed
+            samples, image_stats = self.images.keep_loadable(samples)
+            stats.update(image_stats)
         if not samples:
             stats["train/skipped_step"] = 1.0
             self.last = stats
@@ -749,7 +766,7 @@ class Trainer:
                         tempered = bool(b.tempered.any())
                         old, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=tempered,
                                                      autocast_dtype=self.autocast_dtype, start=b.start,
-                                                     end=b.end)  # (B, W)
+                                                     end=b.end, mm=b.mm)  # (B, W)
                         self._set_old(b, old, logits)
 
         updates: list[tuple[dict[str, float], float, float]] = []
@@ -762,7 +779,7 @@ class Trainer:
             for b in mbs:
                 lp, logits = token_logprobs(self.model, b.tokens, b.attn, want_logits=True,
                                             autocast_dtype=self.autocast_dtype, start=b.start,
-                                            end=b.end)  # (B, W), (B, W, V)
+                                            end=b.end, mm=b.mm)  # (B, W), (B, W, V)
                 if b.old is None:  # one update: this forward is from before it
                     self._set_old(b, lp, logits)
                 loss, s = self._loss(b, lp, logits, denom, use_pg)
