@@ -14,7 +14,11 @@ same next-state prompt and majority vote (`clawloop.judge.llm.LLMJudge`), with:
   cleanly +1, a final message with no observation 0.
 `prm_votes` (m) calls per step; the terminal track judges only the most recent
 step (the instruction, the action, its observation: one short prompt), as the
-reference does; the others judge the step in its full history.
+reference does; the others judge the step in its full history. A GUI step's
+next state carries its screenshot (the observation's image parts): a judge
+model that takes images sees it after the prompt's text (a Qwen-VL model on
+the hf engine: `frozen` on such a folder, or `self` / `url` at a gateway that
+serves one); a text judge reads the observation's text only.
 """
 
 from __future__ import annotations
@@ -114,7 +118,10 @@ class StepPRM:
             return {"score": s, "votes": [s], "judge": self.name}
         if self.track == "terminal":  # the most recent step only: instruction, action, observation
             history = [m for m in history if m.get("role") in ("system", "user")][:2]
-        next_state = {"role": "user", "content": _obs_text(observation) or "(no observation: the episode ended)"}
+        text = _obs_text(observation) or "(no observation: the episode ended)"
+        shots = [p for m in observation if isinstance(m.get("content"), list) for p in m["content"]
+                 if isinstance(p, dict) and p.get("type") == "image_url"]
+        next_state = {"role": "user", "content": [{"type": "text", "text": text}, *shots] if shots else text}
         turn = Turn(session_id="prm", index=len(history), type="side", messages=history, tools=None,
                     prompt_ids=[], response_ids=[], response_logprobs=[], response_text=assistant.get("content") or "",
                     tool_calls=assistant.get("tool_calls"), policy_version=0, next_state=next_state)

@@ -34,6 +34,15 @@ Backends:
 - `EngineChatBackend(engine)`: renders the messages with the engine's chat
   template and samples in-process (`--judge self` on the served engine,
   `--judge frozen` on a frozen copy of the base model that the judge owns).
+
+Images: a next state whose content holds image parts with data URLs (a GUI
+step's screenshot, as the step PRM passes it) is shown to a judge that takes
+images: the prompt's user message gets the images after its text. A backend
+says so with `takes_images`: an engine that serves images (the hf engine on a
+Qwen-VL model) True, a text one False; an HTTP endpoint is not known until
+asked (None): the first prompt with images goes as it is, and a 400 answer
+that refuses the image part (`unsupported_content`, `image_*` codes) sets it
+False and the same prompt goes again as text, as do later ones.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from clawloop.judge.base import JudgeUnavailable, response_of
-from clawloop.judge.prompts import hint_messages, score_messages
+from clawloop.judge.prompts import hint_messages, image_urls, score_messages
 from clawloop.judge.voting import (
     BOX,
     judged_text,
@@ -83,6 +92,9 @@ def chat_completions_url(url: str) -> str:
 class HTTPChatBackend:
     """OpenAI-compatible chat completions over httpx (no client-side retries: the loop retries)."""
 
+    takes_images: bool | None = None
+    """Whether the endpoint's model takes image parts; None until a prompt with images was sent."""
+
     def __init__(self, url: str, model: str = "", api_key: str = "", timeout_s: float = 60.0):
         import httpx
 
@@ -114,6 +126,12 @@ class HTTPChatBackend:
             r = await self._client.post(self.url, json=body)
         except self._httpx.HTTPError as e:
             raise JudgeUnavailable(f"judge at {self.url}: {type(e).__name__}: {e}") from e
+        if _has_images(messages) and self.takes_images is None:
+            if r.status_code == 400 and _refuses_images(r):  # a text model: the same prompt, as text
+                self.takes_images = False
+                return await self.complete(_text_only(messages), temperature=temperature, max_tokens=max_tokens)
+            if r.status_code < 400:
+                self.takes_images = True
         if r.status_code >= 400:
             raise JudgeUnavailable(f"judge at {self.url}: HTTP {r.status_code}: {r.text[:200]}")
         try:
@@ -144,6 +162,8 @@ class EngineChatBackend:
 
     def __init__(self, engine: Any, *, owns_engine: bool = False):
         self.engine = engine
+        self.takes_images = bool(getattr(engine, "supports_images", False))
+        """The engine serves a model that takes images (the hf engine on a Qwen-VL model)."""
         self.owns_engine = owns_engine
         self._started = not owns_engine
         self._lock = asyncio.Lock()
@@ -161,6 +181,12 @@ class EngineChatBackend:
         tok = self.engine.tokenizer
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prompt_ids = list(tok.encode(text, add_special_tokens=False))
+        multimodal = None
+        if _has_images(messages):
+            if not self.takes_images:
+                raise JudgeUnavailable("judge engine: the prompt has images and the judge model takes text only")
+            prompt_ids, multimodal = await asyncio.to_thread(self.engine.prepare_images, prompt_ids,
+                                                             _image_bytes(messages))
         limit = getattr(self.engine, "max_model_len", None)
         if limit is not None:
             room = limit - len(prompt_ids) - 1
@@ -170,7 +196,8 @@ class EngineChatBackend:
         ids: list[int] = []
         try:
             async for ev in self.engine.generate(GenerationRequest(
-                    prompt_ids=prompt_ids, params=SamplingParams(temperature=temperature, max_tokens=max_tokens))):
+                    prompt_ids=prompt_ids, params=SamplingParams(temperature=temperature, max_tokens=max_tokens),
+                    multimodal=multimodal)):
                 if ev.token_id is not None:
                     ids.append(ev.token_id)
         except RuntimeError as e:  # engine stopped or a failed step
@@ -212,9 +239,12 @@ class LLMJudge:
         if not turn.next_state:  # session closed after this turn: nothing to read
             return Judgement(turn_id=turn_id, score=0, votes=[], judge=self.name, latency_s=0.0)
         response = response_of(turn)
-        prompts = [score_messages(turn.messages, response, turn.next_state)] * self.votes
+        # the next state's screenshot, for a judge that takes images (or may: an endpoint not asked yet)
+        shots = image_urls(turn.next_state.get("content")) if getattr(self.backend, "takes_images", False) \
+            is not False else []
+        prompts = [score_messages(turn.messages, response, turn.next_state, shots)] * self.votes
         if self.hints:
-            prompts += [hint_messages(turn.messages, response, turn.next_state)] * self.votes
+            prompts += [hint_messages(turn.messages, response, turn.next_state, shots)] * self.votes
         replies = await asyncio.gather(
             *(self.backend.complete(p, temperature=self.temperature, max_tokens=self.max_tokens) for p in prompts),
             return_exceptions=True)
@@ -238,6 +268,44 @@ class LLMJudge:
 
     async def close(self) -> None:
         await self.backend.close()
+
+
+def _has_images(messages: list[dict[str, Any]]) -> bool:
+    return any(image_urls(m.get("content")) for m in messages)
+
+
+def _image_bytes(messages: list[dict[str, Any]]) -> list[bytes]:
+    """The images of the messages' image parts, decoded, in order (what the chat template renders)."""
+    from clawloop.gateway.protocol import APIError, parse_image_part
+
+    out = []
+    for m in messages:
+        for u in image_urls(m.get("content")):
+            try:
+                out.append(parse_image_part({"image_url": {"url": u}}, "judge prompt").data)
+            except APIError as e:
+                raise JudgeUnavailable(f"judge prompt: {e.message}") from None
+    return out
+
+
+def _text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with their image parts taken out (content as text)."""
+    from clawloop.judge.prompts import IMAGES_NOTE
+
+    return [{**m, "content": "".join(p.get("text", "") for p in m["content"] if p.get("type") == "text")
+             .removesuffix(IMAGES_NOTE)} if image_urls(m.get("content")) else m for m in messages]
+
+
+def _refuses_images(r: Any) -> bool:
+    """An OpenAI-shaped 400 about the request's image parts (clawloop's gateway on a text model answers
+    `unsupported_content`; others name the image)."""
+    try:
+        err = r.json().get("error") or {}
+    except ValueError:
+        return "image" in r.text.lower()
+    code, msg = str(err.get("code") or ""), str(err.get("message") or "")
+    return code == "unsupported_content" or code.startswith("image") or code.startswith("invalid_image") \
+        or "image" in msg.lower()
 
 
 __all__ = ["ChatBackend", "EngineChatBackend", "HTTPChatBackend", "LLMJudge", "MAX_REPLY_TOKENS",

@@ -5,6 +5,9 @@ ends in `\\boxed{1}`, `\\boxed{-1}` or `\\boxed{0}`. `hint_messages` asks
 whether the next state reveals what the assistant should have done and, if
 so, for a 1-3 sentence hint between [HINT_START] and [HINT_END], with
 `\\boxed{1}` (useful hint) or `\\boxed{-1}` (nothing to learn).
+
+With `images` (data URLs: the screenshot a GUI step led to, for a judge model that takes images) the user
+message is a list of parts: the text, then each image.
 """
 
 from __future__ import annotations
@@ -98,11 +101,32 @@ def _fill(template: str, messages: list[dict[str, Any]], response: str, next_sta
     )
 
 
-def score_messages(messages: list[dict[str, Any]], response: str, next_state: dict[str, Any]) -> list[dict[str, str]]:
+IMAGES_NOTE = "\n\nThe screenshot of the next state follows."
+
+
+def _user(text: str, images: list[str] | None) -> dict[str, Any]:
+    if not images:
+        return {"role": "user", "content": text}
+    return {"role": "user", "content": [{"type": "text", "text": text + IMAGES_NOTE},
+                                        *({"type": "image_url", "image_url": {"url": u}} for u in images)]}
+
+
+def score_messages(messages: list[dict[str, Any]], response: str, next_state: dict[str, Any],
+                   images: list[str] | None = None) -> list[dict[str, Any]]:
     return [{"role": "system", "content": SCORE_SYSTEM},
-            {"role": "user", "content": _fill(SCORE_TEMPLATE, messages, response, next_state)}]
+            _user(_fill(SCORE_TEMPLATE, messages, response, next_state), images)]
 
 
-def hint_messages(messages: list[dict[str, Any]], response: str, next_state: dict[str, Any]) -> list[dict[str, str]]:
+def hint_messages(messages: list[dict[str, Any]], response: str, next_state: dict[str, Any],
+                  images: list[str] | None = None) -> list[dict[str, Any]]:
     return [{"role": "system", "content": HINT_SYSTEM},
-            {"role": "user", "content": _fill(HINT_TEMPLATE, messages, response, next_state)}]
+            _user(_fill(HINT_TEMPLATE, messages, response, next_state), images)]
+
+
+def image_urls(content: Any) -> list[str]:
+    """The data URLs of a message content's image parts (references to stored images are not data)."""
+    if not isinstance(content, list):
+        return []
+    return [u for p in content if isinstance(p, dict) and p.get("type") == "image_url"
+            and isinstance(p.get("image_url"), dict)
+            and isinstance(u := p["image_url"].get("url"), str) and u.startswith("data:")]
