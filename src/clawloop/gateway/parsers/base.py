@@ -81,6 +81,10 @@ class ToolParser(Protocol):
         """(begin, end) around a constrained call's arguments, in this format."""
         ...
 
+    def new_id(self) -> str:
+        """A tool-call id the family's template accepts back (Mistral's: 9 letters and digits)."""
+        ...
+
 
 # -- JSON scanning --------------------------------------------------------------------
 _HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
@@ -194,7 +198,7 @@ class ToolStream:
             if not f.streamable and f.call is None:
                 break  # read once whole: later calls wait, so indexes stay in order
             if k == len(self.sent):
-                self.sent.append({"id": new_call_id(), "name": f.name, "args": ""})
+                self.sent.append({"id": self.parser.new_id(), "name": f.name, "args": ""})
                 out.append({"index": k, "id": self.sent[k]["id"], "type": "function",
                             "function": {"name": f.name, "arguments": ""}})
             s = self.sent[k]
@@ -226,7 +230,7 @@ class ToolStream:
                     owed.append({"index": k, "function": {"arguments": args[len(s["args"]):]}})
                 calls.append({"id": s["id"], "type": "function", "function": {"name": s["name"], "arguments": args}})
             else:
-                c = {"id": new_call_id(), "type": "function", "function": dict(f.call)}
+                c = {"id": self.parser.new_id(), "type": "function", "function": dict(f.call)}
                 calls.append(c)
                 owed.append({"index": k, **c})
             kept.append(section[pos:f.start])

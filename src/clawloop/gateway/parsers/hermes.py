@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from clawloop.gateway.parsers.base import Found, call_of, held_prefix, read_call_object, skip_ws
+from clawloop.gateway.parsers.base import Found, call_of, held_prefix, new_call_id, read_call_object, skip_ws
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -62,6 +62,9 @@ class HermesToolParser:
         except json.JSONDecodeError:
             call = None
         return Found(j, c + len(CLOSE), call["name"] if call else None, "", True, call, streamable=False)
+
+    def new_id(self) -> str:
+        return new_call_id()
 
     def call_tag(self, name: str) -> tuple[str, str]:
         return f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": ', f"}}\n{CLOSE}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from clawloop.gateway.parsers.base import Found, read_call_object, skip_ws
+from clawloop.gateway.parsers.base import Found, new_call_id, read_call_object, skip_ws
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -54,6 +54,9 @@ class Llama3JsonToolParser:
                 continue
             break
         return out
+
+    def new_id(self) -> str:
+        return new_call_id()
 
     def call_tag(self, name: str) -> tuple[str, str]:
         return f'{{"name": {json.dumps(name)}, "parameters": ', "}"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import string
 
 from clawloop.gateway.parsers.base import Found, held_prefix, json_end, read_call_object, skip_ws
 
@@ -103,6 +105,10 @@ class MistralToolParser:
                 pass
         out.append(f)
         return end
+
+    def new_id(self) -> str:
+        """Mistral's templates refuse any call id but 9 letters and digits."""
+        return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
 
     def call_tag(self, name: str) -> tuple[str, str]:
         return f'{TOOL_CALLS} [{{"name": {json.dumps(name)}, "arguments": ', "}]"
