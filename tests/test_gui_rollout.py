@@ -87,21 +87,35 @@ def test_gui_oracle_noop_and_model_through_gateway_then_train(rig, engine, rando
     assert any(not (a == b).all() for a, b in zip(before, after))
 
 
-def test_screenshot_observations_are_image_parts_and_stripped_from_items():
+def test_screenshot_observations_are_image_parts_and_stripped_from_items(tmp_path):
+    """An item keeps each screenshot as the gateway's reference (`clawloop-image://<sha256>.png`), its bytes
+    written once under the images folder; a data URL that is no image becomes a marker."""
+    import hashlib
+
+    from test_vlm import png as make_png
+
     from clawloop.envs.rollout import _strip_images
 
-    png = base64.b64encode(b"\x89PNG\r\n\x1a\n....").decode()
+    data = make_png(seed=4)
+    b64 = base64.b64encode(data).decode()
     msg = {"role": "tool", "tool_call_id": "c", "content": [
-        {"type": "text", "text": "clicked"}, {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}]}
-    out = _strip_images(msg)
+        {"type": "text", "text": "clicked"}, {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64}"}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"\x89PNG..").decode()}}]}
+    out = _strip_images(msg, tmp_path / "images")
+    assert _strip_images(msg, tmp_path / "images") == out  # twice: the same reference, one file
+    sha = hashlib.sha256(data).hexdigest()
     assert out["content"][0] == msg["content"][0]
-    assert "saved as a file" in out["content"][1]["image_url"]["url"] and png not in json.dumps(out)
+    assert out["content"][1]["image_url"]["url"] == f"clawloop-image://{sha}.png"
+    assert "did not parse" in out["content"][2]["image_url"]["url"] and b64 not in json.dumps(out)
+    assert [f.name for f in (tmp_path / "images").iterdir()] == [f"{sha}.png"]
+    assert (tmp_path / "images" / f"{sha}.png").read_bytes() == data
 
 
 def test_screenshot_observations_reach_a_vlm_token_exact(vlm_engine, vlm_dir, tmp_path):
     """`--gui-observation screenshot`: each observation's PNG goes to the gateway as an image_url part, the
     tiny VLM sees it (the prompt ids hold its image tokens), each step is token-exact, and the item keeps
-    paths to the PNGs instead of data URLs."""
+    references to the PNGs instead of data URLs. Then the item trains: BufferSource makes a sample per step,
+    the trainer rebuilds each step's pixel inputs from the stored images and its logprobs are the served ones."""
     from clawloop.envs.rollout import AgentRollout
 
     gw = Gateway(vlm_engine, vlm_dir, tmp_path / "gw")
@@ -124,5 +138,18 @@ def test_screenshot_observations_reach_a_vlm_token_exact(vlm_engine, vlm_dir, tm
     assert isinstance(first_user, list) and first_user[-1]["type"] == "image_url"
     assert "base64" not in json.dumps(item["messages"])
     assert _png(item["extra_info"]["screenshots"]["reset"])
-    # what the gateway captured for the VLM: the image stored once per distinct screenshot under its data dir
-    assert list((tmp_path / "gw" / "images").glob("*.png"))
+    # what the gateway captured for the VLM: the image stored once per distinct screenshot under its data dir;
+    # the item names the same files (the rollout wrote them to its own images folder too)
+    captured = sorted(p.name for p in (tmp_path / "gw" / "images").glob("*.png"))
+    assert captured and sorted(p.name for p in (tmp_path / "art" / "images").glob("*.png")) == captured
+
+    from clawloop.buffer.source import BufferSource
+    from clawloop.trainer import Trainer
+
+    samples = BufferSource("http://unused").to_samples([item, {**item, "uid": "copy", "reward": -1.0,
+                                                               "raw_reward": -1.0}])
+    assert len(samples) == 2 * len(item["steps"])
+    cfg = make_cfg(vlm_dir, tmp_path / "gw", train__method="binary", train__lr="1e-3")
+    stats = Trainer(cfg, str(vlm_dir)).step(samples, served_version=vlm_engine.policy_version)
+    assert stats["train/image_samples_skipped"] == 0 and stats["train/images"] >= len(samples)
+    assert stats["train/logprob_diff_abs_mean"] < 1e-3 and stats["train/logprob_diff_abs_max"] < 1e-3, stats

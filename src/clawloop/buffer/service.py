@@ -216,6 +216,7 @@ class RolloutBuffer:
         data.setdefault("remote_engine_url", f"http://{self.cfg.serve.host}:{self.cfg.serve.port}/v1")
         if task_type in TRACKS:  # what an episode leaves beside its item (the GUI track's screenshots)
             data.setdefault("artifact_dir", str(self.data_dir / "artifacts" / task_type))
+            data.setdefault("images_dir", str(self.data_dir / "images"))  # the images items name, by sha256
         if b.custom_generate_function_path:
             data.setdefault("custom_generate_function_path", b.custom_generate_function_path)
         with self._lock:

@@ -100,6 +100,8 @@ class AgentRollout(GatewayClient):
         self.shaping: Any = None  # (outcome, details, step infos) -> (reward, step rewards, info); None: outcome
         self.lease_wait_s = float(data.get("lease_wait_s", 600))
         self.artifact_dir = Path(data.get("artifact_dir") or Path(tempfile.gettempdir()) / f"clawloop-{track}-artifacts")
+        self.images_dir = Path(data.get("images_dir") or self.artifact_dir / "images")
+        """Where the item's image parts' bytes go, named by sha256 as the gateway's capture names them."""
 
     # -- tasks --------------------------------------------------------------------
     def task_ids(self) -> list[str]:
@@ -279,7 +281,7 @@ class AgentRollout(GatewayClient):
             item["uid"] = episode
             item["extra_info"]["screenshots"] = {"dir": str(self.artifact_dir / episode), "reset": first_shot,
                                                  "steps": [s.get("screenshot") for s in steps]}
-            item["messages"] = [_strip_images(m) for m in item["messages"]]
+            item["messages"] = [_strip_images(m, self.images_dir) for m in item["messages"]]
         return item
 
     def _item(self, task_id: str, agent: str, messages: list[dict[str, Any]], tools: Any, steps: list[dict[str, Any]],
@@ -350,9 +352,13 @@ class AgentRollout(GatewayClient):
         return dict(self.counts)
 
 
-def _strip_images(message: dict[str, Any]) -> dict[str, Any]:
-    """The message with image parts' data URLs replaced by a short marker (the PNGs are saved as files and the
-    token ids carry what the model saw); text parts kept."""
+def _strip_images(message: dict[str, Any], images_dir: Path) -> dict[str, Any]:
+    """The message with each image part's data URL replaced by the gateway's reference to it,
+    `clawloop-image://<sha256>.<ext>`, its bytes written once to `images_dir/<sha256>.<ext>` (what the gateway's
+    capture does): the trainer rebuilds a step's pixel inputs from those files. A data URL that does not parse
+    becomes a short marker (no trainer can use it; the step's sample is then skipped, named). Text parts kept."""
+    from clawloop.gateway.protocol import APIError, parse_image_part
+
     content = message.get("content")
     if not isinstance(content, list):
         return message
@@ -360,11 +366,29 @@ def _strip_images(message: dict[str, Any]) -> dict[str, Any]:
     for p in content:
         if isinstance(p, dict) and p.get("type") == "image_url":
             url = str((p.get("image_url") or {}).get("url", ""))
-            parts.append({"type": "image_url", "image_url": {"url": url if not url.startswith("data:") else
-                                                             f"(screenshot, {len(url)} chars, saved as a file)"}})
+            if url.startswith("data:"):
+                try:
+                    im = parse_image_part(p, "messages")
+                except APIError:
+                    url = f"(an image, {len(url)} chars, that did not parse)"
+                else:
+                    _save_image(images_dir, im.filename, im.data)
+                    url = im.ref
+            parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
             parts.append(p)
     return {**message, "content": parts}
+
+
+def _save_image(folder: Path, name: str, data: bytes) -> None:
+    """`folder/name` holding `data`, written once (content-addressed), atomically."""
+    path = folder / name
+    if path.exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def run_agent_rollout(track: str, data: dict[str, Any]) -> dict[str, Any]:
