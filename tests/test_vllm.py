@@ -276,9 +276,11 @@ def test_full_weight_publish_under_load_fails_nothing(vllm_gateway, tool_model_d
         t.start()
     v0 = engine.policy_version
     published = {}
+    assert engine.shared_memory  # started replicas take full weights from a shared-memory image ...
     try:
         for k in range(1, 6):
             time.sleep(0.5)
+            engine.shared_memory = k > 3  # ... and attached ones as files: both paths, under the same load
             sd = {n: t * (1.0 + 0.02 * k) if "norm" not in n else t for n, t in base.items()}
             handle.run(engine.publish(sd, v0 + k))
             published[v0 + k] = sd
@@ -299,9 +301,10 @@ def test_full_weight_publish_under_load_fails_nothing(vllm_gateway, tool_model_d
     for t in turns:  # versions never go backwards within a response, and a mixed one says so per token
         vs = t.response_versions or [t.policy_version] * len(t.response_ids)
         assert vs == sorted(vs) and t.policy_version == vs[0]
-    # Weight folders: the last few only.
+    # Weight folders (files path): the last few only; the image is the newest version.
     kept = sorted(p.name for p in (engine.weights_dir).iterdir() if p.name.startswith("v"))
-    assert kept == [f"v{v0 + k}" for k in (3, 4, 5)]
+    assert kept == [f"v{v0 + k}" for k in (1, 2, 3)]
+    assert engine.images.current.version == v0 + 5 and engine.stats()["engine/publish_groups_sent"] > 1
     # A turn served wholly by the newest weights matches the trainer on those weights.
     c = _client(server)
     r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 3+4?"}],
@@ -353,6 +356,40 @@ def test_lora_publish_routes_new_requests_to_the_newest_adapter(vllm_gateway, to
                                    extra_body={"return_token_ids": True})
     assert r2.model_extra["policy_version"] == v + 1
     _wait(lambda: engine.stats()["engine/lora_adapters_unloaded"] >= 1, 30, "the old adapter to be unloaded")
+
+
+def test_publish_sends_only_what_changed_and_stays_token_exact(vllm_gateway, tool_model_dir):  # noqa: F811
+    from clawloop.engines.hf import load_state_dict_from_dir
+
+    server, engine, _, handle, _ = vllm_gateway
+    base = load_state_dict_from_dir(tool_model_dir)
+    v = engine.policy_version
+    handle.run(engine.publish(base, v + 1))  # after an adapter: the first image is sent whole
+    s = engine.stats()
+    assert s["engine/publish_bytes_sent"] == s["engine/publish_bytes"] > 0
+    name = next(k for k in sorted(base) if ".layers.1." in k and k.endswith("q_proj.weight"))
+    sd = dict(base)
+    sd[name] = base[name] * 1.5
+    handle.run(engine.publish(sd, v + 2))
+    s = engine.stats()
+    assert s["engine/publish_groups_sent"] == 1 and s["engine/publish_bytes_sent"] < s["engine/publish_bytes"] / 2
+    c = _client(server)
+
+    def check(sid: str) -> float:
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 3+4?"}],
+                                      max_tokens=12, temperature=1.0, seed=11, extra_headers={"X-Session-Id": sid},
+                                      extra_body={"return_token_ids": True})
+        assert r.model_extra["policy_version"] == v + 2
+        ids, served = r.choices[0].model_extra["token_ids"], r.choices[0].model_extra["token_logprobs"]
+        mine = _recompute_logprobs(sd, tool_model_dir, r.model_extra["prompt_token_ids"], ids)
+        base_lp = _recompute_logprobs(None, tool_model_dir, r.model_extra["prompt_token_ids"], ids)
+        assert max(abs(a - b) for a, b in zip(mine, served)) < 1e-3  # the new layer, and the rest kept
+        return max(abs(a - b) for a, b in zip(base_lp, served))
+
+    assert all(check(_session_on(engine, i)) > 1e-3 for i in range(len(engine.replicas)))  # it did change
+    # Catch-up (what a restarted replica gets): the whole current image, then token-exact again.
+    handle.run(engine.replicas.bring_up(engine.replicas[0]))
+    check(_session_on(engine, 0))
 
 
 def test_crashed_replica_restarts_and_requests_never_hang(vllm_gateway):

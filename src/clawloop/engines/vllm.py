@@ -66,7 +66,8 @@ import orjson
 from clawloop.config import ConfigError
 from clawloop.engines.base import EngineUnavailable, GenerationRequest, LoraAdapter, TokenEvent
 from clawloop.engines.replicas import Counters, Probe, Replica, ReplicaSet
-from clawloop.engines.vllm_publish import Staged, WeightImages, is_tied, shared_memory_available, untied_model_dir
+from clawloop.engines.vllm_publish import (ImageLoader, Staged, WeightImages, is_tied, shared_memory_available,
+                                          untied_model_dir)
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,7 @@ class VLLMEngine:
         self._old_adapters: list[_Adapter] = []
         self.managed = not urls
         self.images = WeightImages()
+        self.loader = ImageLoader()
         self.shared_memory = False
         """Full weights go through `self.images` and the worker extension (set at start), else as files."""
         reps = ([HTTPReplica(i, f"replica{i}", url=u.rstrip("/")) for i, u in enumerate(urls)] if urls else
@@ -328,6 +330,7 @@ class VLLMEngine:
         await self.replicas.stop()
         await self._shutdown_processes()
         self.images.close()
+        self.loader.close()
         if self._client is not None:
             await self._client.aclose()
 
@@ -541,27 +544,16 @@ class VLLMEngine:
         self._adapter = None
 
     async def _load_image(self, r: HTTPReplica, manifest: str, version: int) -> None:
-        """pause(keep) → {load the image's changed groups, tag, reset prefix cache} → resume. While
-        paused nothing is scheduled, so the three go at once; resumes even on failure."""
-        t0 = time.perf_counter()
-        await self._post(r, "/pause", params={"mode": "keep", "clear_cache": "false"})
-        t1 = time.perf_counter()
-        try:
-            res, *_ = await asyncio.gather(
-                self._post(r, "/collective_rpc", json={"method": "clawloop_load_weights",
-                                                      "kwargs": {"manifest": manifest}}, timeout=600),
-                self._post(r, "/update_weight_version", json={"new_version": str(version)}),
-                self._reset_prefix_cache(r))
-            done = (res.get("results") or [None])[0]
-            if not isinstance(done, dict):
-                raise RuntimeError(f"clawloop_load_weights: {res}")
-            r.version = version
-            self.stats_.extra.update(publish_load_s=done["load_s"], publish_map_s=done["map_s"])
-        finally:
-            t2 = time.perf_counter()
-            await self._post(r, "/resume")
-            self.stats_.last_pause_s = time.perf_counter() - t0
-            self.stats_.extra.update(publish_pause_call_s=t1 - t0, publish_paused_work_s=t2 - t1)
+        """Paused, the replica loads the image's changed groups, is tagged and drops its prefix
+        cache (see `ImageLoader`: from a thread, off the serving loop)."""
+        done = await asyncio.to_thread(self.loader.load, r.url, manifest, version)
+        r.version = version
+        self.stats_.last_pause_s = done["pause_s"]
+        self.stats_.extra.update({f"publish_{k}": float(done[k]) for k in
+                                  ("load_s", "map_s", "pause_call_s", "paused_work_s")})
+        if not done["reset_ok"]:
+            self.stats_.extra["prefix_cache_reset_failures"] = self.stats_.extra.get(
+                "prefix_cache_reset_failures", 0.0) + 1
 
     async def _reload(self, r: HTTPReplica, path: str, version: int) -> None:
         """pause(keep) → reload → tag → reset prefix cache → resume; resumes even on failure."""

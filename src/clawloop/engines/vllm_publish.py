@@ -36,7 +36,9 @@ import mmap
 import os
 import re
 import shutil
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -194,6 +196,63 @@ def _path(fd: int) -> str:
     return f"/proc/{os.getpid()}/fd/{fd}"
 
 
+
+
+class ImageLoader:
+    """A replica's side of a publish from an image, run from threads of its own with blocking
+    clients: pause(keep) -> at once {`clawloop_load_weights`, tag the version, reset the prefix
+    cache} -> resume. Off the serving event loop on purpose: while requests are frozen, each of
+    these calls would otherwise also wait for the loop to get round to it between stream chunks.
+    While paused nothing is scheduled, so the three calls in the middle may run in any order."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._clients: list[Any] = []
+        self._pool = ThreadPoolExecutor(3, thread_name_prefix="clawloop-publish")
+
+    def _post(self, url: str, path: str, *, json: Any = None, params: Any = None, timeout: float = 60.0) -> Any:
+        import httpx
+
+        c = getattr(self._local, "client", None)
+        if c is None:
+            c = self._local.client = httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0))
+            self._clients.append(c)
+        resp = c.post(url + path, json=json, params=params, timeout=timeout)
+        if resp.status_code != 200:
+            raise RuntimeError(f"{url}{path}: HTTP {resp.status_code}: {resp.text[:300]}")
+        try:
+            return resp.json()
+        except ValueError:
+            return {}
+
+    def load(self, url: str, manifest: str, version: int) -> dict[str, Any]:
+        """Serve the image's weights as `version` on the replica at `url`; resumes even on failure.
+        Returns the worker's report plus this side's times (s) and whether the cache reset was done."""
+        t0 = time.perf_counter()
+        self._post(url, "/pause", params={"mode": "keep", "clear_cache": "false"})
+        t1 = time.perf_counter()
+        try:
+            calls = [self._pool.submit(self._post, url, "/collective_rpc", timeout=600, json={
+                         "method": "clawloop_load_weights", "kwargs": {"manifest": manifest}}),
+                     self._pool.submit(self._post, url, "/update_weight_version",
+                                       json={"new_version": str(version)}),
+                     self._pool.submit(self._post, url, "/reset_prefix_cache",
+                                       params={"reset_running_requests": "true"})]
+            res, _, reset = [c.result() for c in calls]
+            done = (res.get("results") or [None])[0] if isinstance(res, dict) else None
+            if not isinstance(done, dict):
+                raise RuntimeError(f"clawloop_load_weights: {res}")
+        finally:
+            t2 = time.perf_counter()
+            self._post(url, "/resume")
+        return {**done, "pause_call_s": t1 - t0, "paused_work_s": t2 - t1, "pause_s": time.perf_counter() - t0,
+                "reset_ok": bool(reset.get("success", True)) if isinstance(reset, dict) else True}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        for c in self._clients:
+            c.close()
+        self._clients.clear()
 
 
 def memcpy_gb_s(mib: int = 256, repeat: int = 5) -> float:
