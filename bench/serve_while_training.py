@@ -252,6 +252,7 @@ class PublishSample:
     engine_publishes: int
     train_step_s: float
     pause_s: float = float("nan")  # clawloop_engine_last_pause_s (vLLM: paused -> resumed), NaN where absent
+    parts: dict = field(default_factory=dict)  # vLLM from a shared-memory image: clawloop_engine_publish_* (s, bytes)
 
 
 class PublishWatcher(threading.Thread):
@@ -282,7 +283,9 @@ class PublishWatcher(threading.Thread):
                         self.samples.append(PublishSample(
                             t_before, t, v, mx.get("clawloop_engine_last_publish_s", float("nan")),
                             self.engine_publishes, mx.get("clawloop_train_step_s", float("nan")),
-                            mx.get("clawloop_engine_last_pause_s", float("nan"))))
+                            mx.get("clawloop_engine_last_pause_s", float("nan")),
+                            {k.removeprefix("clawloop_engine_publish_"): v for k, v in mx.items()
+                             if k.startswith("clawloop_engine_publish_")}))
                     self.version = v
                     t_before = t
                 except httpx.HTTPError as e:
@@ -634,6 +637,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"publish pause        median {statistics.median(pauses) * 1e3:.1f} ms, "
               f"max {max(pauses) * 1e3:.1f} ms  (vLLM: /pause -> reload -> /resume, requests frozen; "
               f"n={len(pauses)})")
+    parts = {k: statistics.median(s.parts[k] for s in samples if k in s.parts)
+             for k in sorted({k for s in samples for k in s.parts})}
+    if parts:
+        print("publish parts        medians: " + ", ".join(
+            f"{k} {v / 1e6:.2f} MB" if k.startswith("bytes") else f"{k} {v * 1e3:.1f} ms" if k.endswith("_s")
+            else f"{k} {v:g}" for k, v in parts.items()))
     if step_s:
         print(f"train step           median {statistics.median(step_s) * 1e3:.0f} ms")
     print(f"longest chunk gap    busy {busy['gap_max_ms']:.1f} ms vs idle {idle['gap_max_ms']:.1f} ms "
@@ -667,6 +676,7 @@ def main(argv: list[str] | None = None) -> int:
                              "max": r(max(stalls) * 1e3) if stalls else None},
         **({"publish_pause_ms": {"n": len(pauses), "median": r(statistics.median(pauses) * 1e3),
                                  "max": r(max(pauses) * 1e3)}} if pauses else {}),
+        **({"publish_parts_median": {k: r(v) for k, v in parts.items()}} if parts else {}),
         "max_gap_ms": {"quiet": r(quiet["gap_max_ms"]), "idle": r(idle["gap_max_ms"]), "busy": r(busy["gap_max_ms"])},
         "probes_across_swap": spanning, "up_exit_code": rc, "up_killed": killed, "minutes": r(minutes),
     }))
