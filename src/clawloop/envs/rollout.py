@@ -99,6 +99,8 @@ class AgentRollout(GatewayClient):
         self.prm = StepPRM.from_data(data, self.engine_url, track)
         self.shaping: Any = None  # (outcome, details, step infos) -> (reward, step rewards, info); None: outcome
         self.lease_wait_s = float(data.get("lease_wait_s", 600))
+        self.tool_choice = data.get("tool_choice") or None
+        """The policy's `tool_choice` on every step (None: the server's default, auto)."""
         self.artifact_dir = Path(data.get("artifact_dir") or Path(tempfile.gettempdir()) / f"clawloop-{track}-artifacts")
         self.images_dir = Path(data.get("images_dir") or self.artifact_dir / "images")
         """Where the item's image parts' bytes go, named by sha256 as the gateway's capture names them."""
@@ -127,6 +129,8 @@ class AgentRollout(GatewayClient):
                                 "stream": False, "return_token_ids": True, **self.sampling}
         if tools:
             body["tools"] = tools
+            if self.tool_choice:  # e.g. "required": every step is a (grammar-constrained) call
+                body["tool_choice"] = self.tool_choice
         r = self._post(self.engine_url + "/chat/completions", body, self.headers)
         if r is None:
             return None
