@@ -11,7 +11,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # One vLLM release for both builds, so the endpoints clawloop uses are the same on CPU and GPU.
 VLLM_VERSION ?= 0.32.0
 
-.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm test-ray test-browser test-gpu sysdeps openclaw test-openclaw
+.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm test-ray test-browser test-gpu sysdeps openclaw test-openclaw test-families
 
 # Every suite prints why each skipped test skipped (-rs, with the usual failures and errors: -rfEs).
 # A skip for a missing part (sandbox, browser, ray, vllm, gpu) fails instead where CLAWLOOP_REQUIRE
@@ -74,7 +74,7 @@ sysdeps:
 
 test: $(DEVSTAMP)
 	-@$(MAKE) --no-print-directory sysdeps
-	$(PYTEST) tests -m "not vllm and not ray and not browser and not openclaw"
+	$(PYTEST) tests -m "not vllm and not ray and not browser and not openclaw and not families"
 
 # Headless chromium: the dashboard in a real browser and the GUI track (tests marked `browser`);
 # they skip with the reason when chromium or its driver is missing (fail, under CLAWLOOP_REQUIRE=browser).
@@ -82,6 +82,12 @@ test: $(DEVSTAMP)
 test-browser: $(DEVSTAMP)
 	-@$(MAKE) --no-print-directory sysdeps
 	$(PYTEST) tests -m browser
+
+# Thinking models and tool parsers on tiny random Qwen3 (thinking), Qwen3-MoE, Llama 3 and Mistral models
+# (tests/test_families.py, marked `families`): serve -> capture -> judge -> train -> publish per family,
+# about a minute on 2 cores, so kept out of `make test` and run by .ci/run.
+test-families: $(DEVSTAMP)
+	$(PYTEST) tests -m families
 
 # The Ray suite (tests/test_ray.py, marked `ray`): a private loopback cluster with engine and
 # trainer actors; about a minute on 2 cores, so kept out of `make test` and run by .ci/run.
