@@ -157,7 +157,7 @@ def test_auto_reads_the_chat_template():
     assert detect_tools("{{ '[TOOL_CALLS] [' }}") == "mistral"
     assert detect_tools("<|start_header_id|>ipython ... \"parameters\"") == "llama3_json"
     assert detect_reasoning("<|im_start|>") == "none" and detect_tools(None) == "hermes"
-    r, t = select_parsers("none", "llama3", "</think><tool_call>")
+    r, t = select_parsers("none", "llama3_json", "</think><tool_call>")
     assert r is None and t.name == "llama3_json"
     with pytest.raises(ValueError, match="unknown tool parser"):
         select_parsers("auto", "pythonic", None)

@@ -121,12 +121,11 @@ class ServeConfig:
                                   "in a gap: 0 (default) none, json.dumps' separators only, so a weak model cannot "
                                   "pad a reply with newlines until max_tokens (vLLM's disable_any_whitespace); N "
                                   "allows pretty-printed JSON.", flags=("--json-whitespace",))
-    reasoning_parser: str = opt("auto", "Splits a thinking model's reasoning off its answer: qwen3 (<think>), mistral "
-                                "([THINK]), none; auto: from the chat template.", flags=("--reasoning-parser",),
-                                choices=("auto", "none", "qwen3", "deepseek_r1", "mistral"))
-    tool_parser: str = opt("auto", "Reads tool calls: hermes (<tool_call>; qwen25), llama3_json, mistral ([TOOL_CALLS]); "
-                           "auto: from the chat template.", flags=("--tool-parser", "--tool-call-parser"),
-                           choices=("auto", "hermes", "qwen25", "qwen3", "llama3_json", "llama3", "mistral"))
+    reasoning_parser: str = opt("auto", "Reasoning split: qwen3 (<think>), mistral ([THINK]), none; auto: by template.",
+                                flags=("--reasoning-parser",), choices=("auto", "none", "qwen3", "mistral"))
+    tool_parser: str = opt("auto", "Tool calls: hermes/qwen25 (<tool_call>), llama3_json, mistral; auto: by template.",
+                           choices=("auto", "hermes", "qwen25", "llama3_json", "mistral"),
+                           flags=("--tool-parser", "--tool-call-parser"))
     status: bool = opt(True, "Live terminal status (only when stdout is a terminal).")
 
 

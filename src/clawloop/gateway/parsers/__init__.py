@@ -4,10 +4,10 @@
 
 | name (aliases)                      | family                                            | module     |
 |-------------------------------------|---------------------------------------------------|------------|
-| reasoning `qwen3` (`deepseek_r1`)   | `<think>` … `</think>`                            | think.py   |
+| reasoning `qwen3`                   | `<think>` … `</think>` (also DeepSeek-R1's)       | think.py   |
 | reasoning `mistral`                 | `[THINK]` … `[/THINK]` (Magistral)                | think.py   |
-| tools `hermes` (`qwen25`, `qwen3`)  | `<tool_call>{json}</tool_call>`                   | hermes.py  |
-| tools `llama3_json` (`llama3`)      | the reply is `{"name", "parameters"}` (`;`-joined)| llama3.py  |
+| tools `hermes` (`qwen25`)           | `<tool_call>{json}</tool_call>`                   | hermes.py  |
+| tools `llama3_json`                 | the reply is `{"name", "parameters"}` (`;`-joined)| llama3.py  |
 | tools `mistral`                     | `[TOOL_CALLS] [{...}]` or `[TOOL_CALLS]name[ARGS]{...}` | mistral.py |
 
 `auto` reads the chat template: the tags it writes are the tags the model was trained to write.
@@ -21,10 +21,9 @@ from clawloop.gateway.parsers.llama3 import Llama3JsonToolParser
 from clawloop.gateway.parsers.mistral import MistralToolParser
 from clawloop.gateway.parsers.think import MISTRAL, QWEN3, ThinkTags
 
-REASONING_PARSERS: dict[str, ThinkTags | None] = {"none": None, "qwen3": QWEN3, "deepseek_r1": QWEN3,
-                                                  "mistral": MISTRAL}
-TOOL_PARSERS = {"hermes": HermesToolParser, "qwen25": HermesToolParser, "qwen3": HermesToolParser,
-                "llama3_json": Llama3JsonToolParser, "llama3": Llama3JsonToolParser, "mistral": MistralToolParser}
+REASONING_PARSERS: dict[str, ThinkTags | None] = {"none": None, "qwen3": QWEN3, "mistral": MISTRAL}
+TOOL_PARSERS = {"hermes": HermesToolParser, "qwen25": HermesToolParser, "llama3_json": Llama3JsonToolParser,
+                "mistral": MistralToolParser}
 REASONING_CHOICES = ("auto", *REASONING_PARSERS)
 TOOL_CHOICES = ("auto", *TOOL_PARSERS)
 
