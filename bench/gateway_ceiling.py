@@ -105,6 +105,8 @@ def serve(a: argparse.Namespace) -> int:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         engine = mod.BenchEngine(a.model, tokens_per_step=a.tokens_per_step)
+    if a.stream_interval_ms:
+        flags["serve__stream_interval_ms"] = a.stream_interval_ms
     cfg = load_config(flags, env={})
     app, parts = build_app(cfg, judge=False, train=False, engine=engine)
     try:
@@ -158,7 +160,7 @@ class Gateway:
     """A gateway process (+ its vLLM stub on the vllm path) for one (build, path)."""
 
     def __init__(self, build: str, src: Path, path: str, model: str, port: int, stub_port: int,
-                 tokens_per_step: int):
+                 tokens_per_step: int, interval_ms: float = 0.0):
         self.build, self.path, self.port = build, path, port
         self.data = tempfile.mkdtemp(prefix=f"ceiling-{build}-{path}-")
         env = dict(os.environ, PYTHONPATH=str(src), TOKENIZERS_PARALLELISM="false")
@@ -171,7 +173,8 @@ class Gateway:
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve", "--path", path, "--model", model,
                                       "--data-dir", self.data, "--port", str(port),
                                       "--stub-url", f"http://127.0.0.1:{stub_port}",
-                                      "--tokens-per-step", str(tokens_per_step)], env=env,
+                                      "--tokens-per-step", str(tokens_per_step),
+                                      "--stream-interval-ms", str(interval_ms)], env=env,
                                      stdout=subprocess.DEVNULL)
         wait_http(f"http://127.0.0.1:{port}/health", self.proc)
 
@@ -220,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="plain,stream")
     ap.add_argument("--tokens-per-step", type=int, default=1, help="tokens per engine event (1: the hardest case)")
     ap.add_argument("--min-requests", type=int, default=32, help="requests per case: max(this, 2 x concurrency)")
+    ap.add_argument("--stream-interval-ms", type=float, default=0.0,
+                    help="serve.stream_interval_ms of the 'now' gateways (not passed to --rev's)")
+    ap.add_argument("--also-interval", type=float, default=0.0,
+                    help="also run 'now' with this serve.stream_interval_ms, as a third build")
     ap.add_argument("--profile", default="", help="PATH-MODE-cC (e.g. bench-stream-c64): py-spy that case")
     ap.add_argument("--profile-s", type=float, default=15)
     ap.add_argument("--port", type=int, default=18900)
@@ -241,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         model = str(build_random_model(Path(tempfile.mkdtemp(prefix="ceiling-model-")) / "model", layers=2,
                                        hidden=64, seed=0))
     builds = [("now", Path(a.src))]
+    if a.also_interval:
+        builds.append((f"now+{a.also_interval:g}ms", Path(a.src)))
     if a.rev:
         from revision import unpack_source
 
@@ -256,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in paths:
             for build, src in order:
                 port += 2
-                gw = Gateway(build, src, path, model, port, port + 1, a.tokens_per_step)
+                interval = (a.also_interval if build.startswith("now+") else
+                            a.stream_interval_ms if build == "now" else 0.0)
+                gw = Gateway(build, src, path, model, port, port + 1, a.tokens_per_step, interval)
                 try:
                     asyncio.run(load(port, 16, 4, a.max_tokens, True))  # warm up
                     for conc in levels:
@@ -277,10 +288,11 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     gw.close()
     rows = []
+    base = builds[-1][0] if a.rev else ""
     print(f"\nmax_tokens {a.max_tokens}, tokens per engine event {a.tokens_per_step}; medians over {a.rounds} "
-          f"round(s); CPU = the gateway process's")
-    print(f"{'path':>5} {'mode':>6} {'c':>4} " + "".join(f"| {b:>8} tok/s  r/s  p50ms  µs/tok " for b, _ in builds)
-          + ("| tok/s ratio" if len(builds) > 1 else ""))
+          f"round(s); µs/tok = the gateway process's CPU (user+sys) per completion token, ceil = 1e6 / µs/tok "
+          f"(tokens/s one fully busy core would carry)" + (f"; ratios: tok/s and µs/tok vs {base}" if base else ""))
+    print(f"{'path':>5} {'mode':>6} {'c':>4} " + "".join(f"| {b:>10}: tok/s  r/s  p50ms µs/tok  ceil " for b, _ in builds))
     for path in paths:
         for mode in modes:
             for conc in levels:
@@ -289,14 +301,17 @@ def main(argv: list[str] | None = None) -> int:
                 for build, _ in builds:
                     rs = results[(build, path, mode, conc)]
                     med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+                    med["ceiling_tok_s"] = 1e6 / med["cpu_us_per_token"]
+                    if base and build != base:
+                        pairs = list(zip(rs, results[(base, path, mode, conc)]))
+                        med["tok_s_ratio"] = statistics.median(n["tok_s"] / o["tok_s"] for n, o in pairs)
+                        med["cpu_ratio"] = statistics.median(n["cpu_us_per_token"] / o["cpu_us_per_token"]
+                                                             for n, o in pairs)
                     row[build] = med
-                    line += (f"| {med['tok_s']:14.0f} {med['req_s']:5.1f} {med['p50_ms']:6.1f} "
-                             f"{med['cpu_us_per_token']:6.1f} ")
-                if len(builds) > 1:
-                    ratios = [n["tok_s"] / o["tok_s"] for n, o in zip(results[("now", path, mode, conc)],
-                                                                    results[(builds[1][0], path, mode, conc)])]
-                    row["tok_s_ratio"] = statistics.median(ratios)
-                    line += f"| {row['tok_s_ratio']:.2f}"
+                    line += (f"| {med['tok_s']:17.0f} {med['req_s']:5.1f} {med['p50_ms']:6.0f} "
+                             f"{med['cpu_us_per_token']:5.1f} {med['ceiling_tok_s']:6.0f} ")
+                    if "cpu_ratio" in med:
+                        line += f"({med['tok_s_ratio']:.2f}x, {med['cpu_ratio']:.2f}x) "
                 rows.append(row)
                 print(line)
     for name, text in profiles.items():

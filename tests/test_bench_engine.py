@@ -185,3 +185,57 @@ def test_vllm_engine_against_the_stub_token_exact(random_model_dir, tmp_path):
     finally:
         g.stop()
         stub.stop()
+
+
+def test_detokenizer_byte_level_fast_path_is_decode(random_model_dir):
+    """The byte-level fast path releases, over a response, exactly what `decode` gives for its ids,
+    pushed one at a time or several at once, random ids included (split multi-byte characters,
+    special tokens)."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from clawloop.gateway.render import Detokenizer
+
+    tok = AutoTokenizer.from_pretrained(random_model_dir)
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 30))]
+        d = Detokenizer(tok)
+        assert d._bytes is not None  # the tiny model's tokenizer is byte-level: the fast path runs
+        out, i = "", 0
+        while i < len(ids):
+            k = rng.choice([1, 1, 2, 3])
+            out += d.push_many(ids[i:i + k])
+            i += k
+        out += d.flush()
+        assert out == tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def test_stream_interval_coalesces_writes(bench_engine, random_model_dir, tmp_path):
+    """--stream-interval-ms: the same ids and text, in fewer writes (each write holds several chunks)."""
+    import socket
+
+    g = Served(bench_engine, random_model_dir, tmp_path / "data", serve__stream_interval_ms=30.0)
+    try:
+        from clawloop.engines.bench import BenchEngine
+
+        slow = BenchEngine(random_model_dir, step_ms=5)  # ~200 tokens/s: several per 30 ms
+        g.app.state.gateway.engine = slow
+        asyncio.run(slow.start())
+        ids, text, _ = stream(g.url, "iv", max_tokens=60)
+        assert ids == passage_ids(slow, 60) and text == slow.tokenizer.decode(ids)
+        # count the socket reads it takes to receive the same stream raw: far fewer than 60
+        s = socket.create_connection(("127.0.0.1", g.server.port))
+        body = b'{"messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":60}'
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        reads, data = 0, b""
+        while chunk := s.recv(65536):
+            reads += 1
+            data += chunk
+        s.close()
+        assert data.rstrip().endswith(b"0") and data.count(b"data: {") >= 60
+        assert reads < 30, reads
+    finally:
+        g.stop()

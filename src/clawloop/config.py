@@ -51,9 +51,8 @@ def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), env: tuple[str,
 class ModelConfig:
     path: str = opt("", "Policy model (HF folder). Empty: the embedded tiny model, built on first use.",
                     flags=("--model-path", "--model", "--hf-checkpoint"), env=("MODEL_PATH", "BASE_MODEL_PATH"))
-    backend: str = opt("hf", "Inference engine (bench: no model, tokens of the model's tokenizer at a set pace, "
-                             "for load tests: engines/bench.py).", flags=("--backend",),
-                      choices=("hf", "vllm", "bench"))
+    backend: str = opt("hf", "Inference engine (bench: the tokenizer's ids at a set pace, no model: engines/bench.py).",
+                       flags=("--backend",), choices=("hf", "vllm", "bench"))
     device: str = opt("auto", "Device for the hf engine: auto, cpu, cuda, cuda:N.")
     dtype: str = opt("auto", "Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16.",
                      choices=("auto", "float32", "bfloat16", "float16"))
@@ -85,8 +84,7 @@ class ModelConfig:
     keep_weights: int = opt(3, "Weight folders kept in DATA_DIR/weights (vLLM full publish to attached/Ray servers).")
     sleep_while_training: bool = opt(False, "Colocated on one GPU: put vLLM to sleep during each train step "
                                             "(requests wait, none is refused).", flags=("--colocate",))
-    bench_step_ms: float = opt(0.0, "--backend bench: pause between a request's steps (0: none, the gateway alone "
-                                    "is measured).")
+    bench_step_ms: float = opt(0.0, "--backend bench: pause between a request's steps (0: none).")
     bench_tokens_per_step: int = opt(1, "--backend bench: tokens a request gets per step, as one engine event.")
     bench_completion_tokens: int = opt(0, "--backend bench: tokens before the eos (0: until max_tokens).")
 
@@ -126,6 +124,7 @@ class ServeConfig:
     tool_parser: str = opt("auto", "Tool calls: hermes/qwen25 (<tool_call>), llama3_json, mistral; auto: by template.",
                            choices=("auto", "hermes", "qwen25", "llama3_json", "mistral"),
                            flags=("--tool-parser", "--tool-call-parser"))
+    stream_interval_ms: float = opt(0.0, "Least time between two writes to a stream (0: each chunk when ready).")
     status: bool = opt(True, "Live terminal status (only when stdout is a terminal).")
 
 

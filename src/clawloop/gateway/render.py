@@ -25,6 +25,7 @@ back what may still become one and splits the reasoning off as it streams.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import re
 import secrets
@@ -270,6 +271,17 @@ class Detokenizer:
         self._prefix = 0
         self._read = 0
         self._skip = special_ids(tokenizer) - keep if keep else None
+        self._bytes = _byte_pieces(tokenizer)
+        """Byte-level tokenizers: each id's bytes (shared cache), decoded here with an incremental
+        UTF-8 decoder -- the text `decode` gives, without two tokenizer calls per token."""
+        if self._bytes is not None:
+            self._omit = special_ids_cached(tokenizer) - keep
+            self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def _fast(self, token_ids: list[int], final: bool = False) -> str:
+        table, omit = self._bytes, self._omit
+        data = b"".join(b"" if t in omit else (table.get(t) or _piece_bytes(self.tok, table, t)) for t in token_ids)
+        return self._utf8.decode(data, final)
 
     def _decode(self, ids: list[int]) -> str:
         if self._skip is not None:
@@ -279,6 +291,8 @@ class Detokenizer:
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
+        if self._bytes is not None:
+            return self._fast([token_id])
         prefix_text = self._decode(self.ids[self._prefix:self._read])
         new_text = self._decode(self.ids[self._prefix:])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
@@ -292,6 +306,8 @@ class Detokenizer:
         if len(token_ids) == 1:
             return self.push(token_ids[0])
         self.ids.extend(token_ids)
+        if self._bytes is not None:
+            return self._fast(token_ids)
         prefix_text = self._decode(self.ids[self._prefix:self._read])
         new_text = self._decode(self.ids[self._prefix:])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
@@ -302,10 +318,38 @@ class Detokenizer:
 
     def flush(self) -> str:
         """Whatever is still held back at the end (e.g. a truncated character)."""
+        if self._bytes is not None:
+            return self._fast([], final=True)
         prefix_text = self._decode(self.ids[self._prefix:self._read])
         new_text = self._decode(self.ids[self._prefix:])
         self._prefix = self._read = len(self.ids)
         return new_text[len(prefix_text):]
+
+
+@lru_cache(maxsize=32)
+def special_ids_cached(tokenizer: Any) -> frozenset[int]:
+    return special_ids(tokenizer)
+
+
+@lru_cache(maxsize=32)
+def _byte_pieces(tokenizer: Any) -> dict[int, bytes] | None:
+    """An (initially empty) id -> bytes cache when `tokenizer` decodes with GPT-2's byte-level decoder
+    alone (Qwen, Llama 3, GPT-2 ...): then `decode` is the UTF-8 decoding of the ids' bytes joined.
+    None for other tokenizers (sentencepiece, decoder sequences), which keep `decode`."""
+    dec = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return {} if dec is not None and type(dec).__name__ == "ByteLevel" else None
+
+
+def _piece_bytes(tokenizer: Any, table: dict[int, bytes], tid: int) -> bytes:
+    """Id `tid`'s bytes as the byte-level decoder writes them: a token whose characters are all in the
+    byte alphabet is those bytes; one that is not (an added token such as `<｜tool▁call｜>`) its UTF-8."""
+    piece = tokenizer.convert_ids_to_tokens(tid)
+    if not isinstance(piece, str):
+        piece = ""
+    alphabet = _byte_decoder()
+    b = bytes(alphabet[c] for c in piece) if all(c in alphabet for c in piece) else piece.encode("utf-8")
+    table[tid] = b
+    return b
 
 
 def special_ids(tokenizer: Any) -> frozenset[int]:

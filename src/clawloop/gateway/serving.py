@@ -74,13 +74,19 @@ def unavailable_error(e: EngineUnavailable) -> APIError:
                     headers={"Retry-After": str(max(1, int(round(e.retry_after_s))))})
 
 
-async def drain(q: asyncio.Queue, producers: int) -> AsyncIterator[str]:
+async def drain(q: asyncio.Queue, producers: int, interval_s: float = 0.0) -> AsyncIterator[str]:
     """A stream's SSE text from the queue its `producers` choice tasks fill, until each has put its
-    closing `None`; what is ready is coalesced into one write. A task's exception, or `TIMED_OUT`
-    (TimeoutError), is raised here."""
+    closing `None`; what is ready is coalesced into one write. With `interval_s`, a write follows the
+    previous one no sooner than that (the first goes at once): the chunks in between leave together,
+    one socket write instead of one per token. A task's exception, or `TIMED_OUT` (TimeoutError), is
+    raised here."""
     remaining = producers
+    loop = asyncio.get_running_loop()
+    last = -interval_s
     while remaining:
         items = [await q.get()]
+        if interval_s and isinstance(items[0], str) and (wait := last + interval_s - loop.time()) > 0:
+            await asyncio.sleep(wait)
         while not q.empty():
             items.append(q.get_nowait())
         out = []
@@ -95,6 +101,7 @@ async def drain(q: asyncio.Queue, producers: int) -> AsyncIterator[str]:
                 out.append(item)
         if out:
             yield "".join(out)
+            last = loop.time()
 
 
 # -- admission -------------------------------------------------------------------
@@ -573,7 +580,7 @@ class InFlight:
         try:
             async for text in self.start(q):
                 yield text
-            async for text in drain(q, len(self.tasks)):
+            async for text in drain(q, len(self.tasks), gw.cfg.serve.stream_interval_ms / 1000):
                 yield text
             self.capture()
             for s in self.samples:
