@@ -11,7 +11,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # One vLLM release for both builds, so the endpoints clawloop uses are the same on CPU and GPU.
 VLLM_VERSION ?= 0.32.0
 
-.PHONY: run test bench install install-dev tiny-model clean vllm test-vllm test-ray test-browser test-gpu sysdeps openclaw test-openclaw test-families
+.PHONY: bench-gpu run test bench install install-dev tiny-model clean vllm test-vllm test-ray test-browser test-gpu sysdeps openclaw test-openclaw test-postgres test-families
 
 # Every suite prints why each skipped test skipped (-rs, with the usual failures and errors: -rfEs).
 # A skip for a missing part (sandbox, browser, ray, vllm, gpu) fails instead where CLAWLOOP_REQUIRE
@@ -51,12 +51,13 @@ run: $(STAMP)
 	$(BIN)/clawloop up
 
 # System packages: bubblewrap (the agent tracks' sandbox: part `sandbox`), chromium (the dashboard's
-# browser test and the GUI track) and chromium-driver (the GUI track's selenium backend): part `browser`.
+# browser test and the GUI track) and chromium-driver (the GUI track's selenium backend): part `browser`;
+# postgresql (the server `make test-postgres` starts in a temp folder): part `postgres`.
 # Installed with apt when this runs as root on Debian. Whatever is still missing afterwards is named
 # and the target fails; the test targets carry on past it (`-`), so the tests that need a missing part
 # skip with the reason, or fail naming the part where CLAWLOOP_REQUIRE names it (.ci/run).
 # SYSPKGS: each Debian package with the command that shows it is there.
-SYSPKGS ?= bubblewrap:bwrap chromium:chromium chromium-driver:chromedriver
+SYSPKGS ?= bubblewrap:bwrap chromium:chromium chromium-driver:chromedriver postgresql:pg_ctlcluster
 sysdeps:
 	@missing=""; for pc in $(SYSPKGS); do command -v $${pc#*:} >/dev/null 2>&1 || missing="$$missing $${pc%%:*}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
@@ -67,14 +68,14 @@ sysdeps:
 	else echo "sysdeps: not root, or no apt-get: cannot install$$missing"; fi; \
 	still=""; for pc in $(SYSPKGS); do command -v $${pc#*:} >/dev/null 2>&1 || still="$$still $${pc%%:*}"; done; \
 	if [ -n "$$still" ]; then \
-	  echo "sysdeps: FAILED: still missing:$$still (bubblewrap is part sandbox; chromium and chromium-driver part browser)"; \
+	  echo "sysdeps: FAILED: still missing:$$still (bubblewrap is part sandbox; chromium and chromium-driver part browser; postgresql part postgres)"; \
 	  echo "sysdeps: the tests that need them skip, or fail where CLAWLOOP_REQUIRE names the part (now: $${CLAWLOOP_REQUIRE:-unset})"; \
 	  exit 1; \
 	fi; echo "sysdeps: installed$$missing"
 
 test: $(DEVSTAMP)
 	-@$(MAKE) --no-print-directory sysdeps
-	$(PYTEST) tests -m "not vllm and not ray and not browser and not openclaw and not families"
+	$(PYTEST) tests -m "not vllm and not ray and not browser and not openclaw and not postgres and not families"
 
 # Headless chromium: the dashboard in a real browser and the GUI track (tests marked `browser`);
 # they skip with the reason when chromium or its driver is missing (fail, under CLAWLOOP_REQUIRE=browser).
@@ -82,6 +83,14 @@ test: $(DEVSTAMP)
 test-browser: $(DEVSTAMP)
 	-@$(MAKE) --no-print-directory sysdeps
 	$(PYTEST) tests -m browser
+
+# The PostgreSQL store (tests marked `postgres`): the store contract on both stores, concurrent judges,
+# three gateway processes linking one session, `serve --workers`. Each run starts its own server from
+# Debian's postgresql binaries in a temp folder (clawloop.store.pg_local: its PID stopped, the folder
+# removed); psycopg comes with the dev install. Run by .ci/run with the part required.
+test-postgres: $(DEVSTAMP)
+	-@$(MAKE) --no-print-directory sysdeps
+	$(PYTEST) tests -m postgres
 
 # Thinking models and tool parsers on tiny random Qwen3 (thinking), Qwen3-MoE, Llama 3 and Mistral models
 # (tests/test_families.py, marked `families`): serve -> capture -> judge -> train -> publish per family,
@@ -148,6 +157,11 @@ test-openclaw: $(DEVSTAMP) $(OPENCLAW_STAMP)
 
 bench: $(BENCHSTAMP) $(OPENCLAW_STAMP)
 	$(BIN)/python bench/run_all.py
+
+# The gateway's ceiling on cores of its own, and vLLM direct vs gateway where vLLM is installed (issue #30;
+# scripts/bench_gpu.sh says how to run it on a lent GPU machine, which has no vLLM).
+bench-gpu:
+	scripts/bench_gpu.sh
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) clawloop-data

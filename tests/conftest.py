@@ -36,6 +36,7 @@ PARTS = {
     "ray": "the ray package (`pip install -e '.[ray]'`)",
     "vllm": "the vLLM environment (`make vllm`)",
     "gpu": "a CUDA device torch can see",
+    "postgres": "PostgreSQL's server binaries and the psycopg driver (`make sysdeps`, `.[postgres]`)",
 }
 
 
@@ -242,3 +243,24 @@ def vlm_engine(vlm_dir):
     asyncio.run(eng.start())
     yield eng
     asyncio.run(eng.stop())
+
+
+# -- PostgreSQL (tests marked `postgres`, `make test-postgres`) -----------------------------------------
+@pytest.fixture(scope="session")
+def pg_server():
+    """A real PostgreSQL server in a temp folder for the session (store/pg_local.py); stopped by its PID."""
+    from clawloop.store.pg_local import LocalPostgres, missing
+
+    require_or_skip("postgres", missing())
+    server = LocalPostgres().start()
+    yield server
+    server.stop()
+
+
+_pg_databases = iter(range(1, 1_000_000))
+
+
+@pytest.fixture
+def pg_url(pg_server) -> str:
+    """A fresh, empty database on the session's server: its postgresql:// URL."""
+    return pg_server.create_database(f"t{next(_pg_databases)}")

@@ -96,10 +96,18 @@ def cmd_serve(argv: list[str], *, full: bool) -> int:
     if full:
         p.add_argument("--buffer", dest="buffer_url_up", default=None,
                        help="Also train on groups from this rollout buffer URL.")
-    cfg, own = _config(p, argv, ("buffer_url_up",))
+    else:
+        p.add_argument("--workers", type=int, default=1,
+                       help="Gateway processes sharing the port (SO_REUSEPORT), each with its own engine; more than "
+                            "1 needs a shared --store postgresql://... (docs/SCALING.md).")
+    cfg, own = _config(p, argv, ("buffer_url_up", "workers"))
     if own.get("buffer_url_up"):
         cfg.train.source, cfg.train.buffer_url = "buffer", own["buffer_url_up"]
-    return run(cfg, judge=full and cfg.judge.kind != "none", train=full and cfg.train.enabled)
+    workers = own.get("workers") or 1
+    if workers < 1 or (workers > 1 and not cfg.store.startswith(("postgresql://", "postgres://"))):
+        raise ConfigError(f"--workers {workers}: must be 1, or more with a shared --store postgresql://... "
+                          "(several gateway processes must link sessions through one store: docs/SCALING.md)")
+    return run(cfg, judge=full and cfg.judge.kind != "none", train=full and cfg.train.enabled, workers=workers)
 
 
 def cmd_judge(argv: list[str]) -> int:
@@ -159,7 +167,7 @@ def cmd_export(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="Output file (- for stdout).")
     p.add_argument("--tenant", default=None, help="Only this tenant's sessions (the NAME of --api-key NAME=KEY).")
     cfg, own = _config(p, argv, ("out", "tenant"))
-    n = export_sessions(cfg.data_dir, own["out"], tenant=own["tenant"])
+    n = export_sessions(cfg.data_dir, own["out"], tenant=own["tenant"], store_url=cfg.store)
     print(f"exported {n} session(s) to {own['out']}", file=sys.stderr)
     return 0
 
@@ -176,7 +184,9 @@ def cmd_import(argv: list[str]) -> int:
     if not own["file"]:
         raise ConfigError("--file: give the JSONL file to import (or env DATA_PATH)")
     n_sessions, n_turns = import_sessions(cfg, own["file"])
-    print(f"imported {n_turns} turn(s) in {n_sessions} session(s) into {cfg.data_dir}", file=sys.stderr)
+    from clawloop.naming import store_name
+
+    print(f"imported {n_turns} turn(s) in {n_sessions} session(s) into {store_name(cfg)}", file=sys.stderr)
     return 0
 
 
@@ -315,7 +325,12 @@ def cmd_status(argv: list[str]) -> int:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="The clawloop to ask (default %(default)s).")
     p.add_argument("--ray", action="store_true", help="Also list the Ray cluster's nodes and their resources.")
     p.add_argument("--json", action="store_true", help="Print /health's JSON as it is.")
+    p.add_argument("--store", default=None,
+                   help="Read a store instead of asking a gateway: a postgresql:// URL or a SQLite file (its turns, "
+                        "sessions, verdicts per judge and what each judge has left).")
     a = p.parse_args(argv)
+    if a.store is not None:
+        return store_status(a.store, as_json=a.json)
     try:
         r = httpx.get(a.url.rstrip("/") + "/health", timeout=15)
         h = r.json()
@@ -361,6 +376,40 @@ def cmd_status(argv: list[str]) -> int:
             print("  available: " + ", ".join(f"{k} {avail.get(k, 0):g}" for k in ("CPU", "GPU") if k in
                                               cluster.get("resources", {})))
     return 0 if h.get("status") == "ok" else 1
+
+
+def store_status(spec: str, as_json: bool = False) -> int:
+    """`clawloop status --store S`: a store's totals, from the store itself (no gateway needed)."""
+    import json
+    import tempfile
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from clawloop.naming import open_store, store_exists, store_name
+
+    if "://" in spec and not spec.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"--store: {spec.split('://', 1)[0]}:// is not a store: give a postgresql:// URL or a "
+                          "SQLite file")
+    with tempfile.TemporaryDirectory(prefix="clawloop-status-") as tmp:  # a spill file, never used by reads
+        named = SimpleNamespace(data_dir=tmp if "://" in spec else str(Path(spec).parent), store=spec)
+        if not store_exists(named):
+            raise ConfigError(f"--store: no store at {spec}")
+        store = open_store(named)
+        try:
+            st = store.stats()
+            judges = {j: store.count_pending_judgement(j) for j in sorted(store.judge_names())}
+        finally:
+            store.close()
+    totals = {k: v for k, v in st.items() if "/" not in k}
+    if as_json:
+        print(json.dumps({"store": store_name(named), **totals, "judges_pending": judges}, indent=2))
+        return 0
+    print(f"{store_name(named)}: {totals['sessions']} session(s) ({totals['open_sessions']} open), "
+          f"{totals['turns']} turn(s) ({totals['main_turns']} main, {totals['side_turns']} side), "
+          f"{totals['judgements']} verdict(s)")
+    for j, pending in judges.items():
+        print(f"  judge {j}: {pending} turn(s) waiting")
+    return 0
 
 
 HANDLERS: dict[str, Callable[[list[str]], int]] = {

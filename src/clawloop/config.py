@@ -429,6 +429,8 @@ class RayConfig:
 class Config:
     data_dir: str = opt("./clawloop-data", "Store, checkpoints, logs and the resolved config.",
                         flags=("--data-dir", "--rl-buffer-dir"))
+    store: str = opt("", "Empty: the SQLite file in data_dir; or a postgresql://user:pw@host:port/db URL that several "
+                         "gateways, judges and trainers share (docs/SCALING.md).", flags=("--store",))
     log_level: str = opt("info", "Log level.", choices=("debug", "info", "warning", "error"))
     model: ModelConfig = field(default_factory=ModelConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
@@ -707,6 +709,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}: {why}")
 
     need(0 < cfg.serve.port < 65536, "serve.port", f"must be 1..65535, got {cfg.serve.port}")
+    need("://" not in cfg.store or cfg.store.startswith(("postgresql://", "postgres://")), "store",
+         f"{cfg.store.split('://')[0]}:// is not a store: give a postgresql:// URL, a SQLite file, or nothing")
     need(cfg.serve.json_whitespace >= 0, "serve.json_whitespace", f"must be >= 0, got {cfg.serve.json_whitespace}")
     need(0 < cfg.buffer.port < 65536, "buffer.port", f"must be 1..65535, got {cfg.buffer.port}")
     need(cfg.model.max_batch_size >= 1, "model.max_batch_size", "must be >= 1")
@@ -880,6 +884,7 @@ def redacted(cfg: Config) -> dict[str, Any]:
     data["judge"]["url"] = _URL_USERINFO.sub(r"\1***@", data["judge"]["url"])
     data["train"]["buffer_url"] = _URL_USERINFO.sub(r"\1***@", data["train"]["buffer_url"])
     data["model"]["engine_urls"] = [_URL_USERINFO.sub(r"\1***@", u) for u in data["model"]["engine_urls"]]
+    data["store"] = _URL_USERINFO.sub(r"\1***@", data["store"])
     return data
 
 

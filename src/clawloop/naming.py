@@ -8,11 +8,13 @@ other loop: runtime -> judge, trainer -> naming -> config.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import clawloop.store
+from clawloop.config import ConfigError
 from clawloop.store import Store
 
 STORE_FILE = "clawloop.db"
@@ -30,15 +32,47 @@ def model_path(cfg: Any) -> str:
 
 
 def store_path(cfg: Any) -> Path:
-    """The SQLite store of `cfg.data_dir`."""
+    """The SQLite store `cfg` names: `store` when it is a file, else the one of `cfg.data_dir`."""
+    st = getattr(cfg, "store", "")
+    if st and not clawloop.store.is_postgres_url(st):
+        return Path(st).expanduser()
     return Path(cfg.data_dir) / STORE_FILE
 
 
+def store_name(cfg: Any) -> str:
+    """The store `cfg` names, for messages: its file, or its URL without the password."""
+    st = getattr(cfg, "store", "")
+    if clawloop.store.is_postgres_url(st):
+        return _URL_PASSWORD.sub(r"\1:***@", st)
+    return str(store_path(cfg))
+
+
+_URL_PASSWORD = re.compile(r"(://[^/:@\s]*):[^/@\s]*@")
+
+
+def store_exists(cfg: Any) -> bool:
+    """Whether there is a store to read (a server is always there to ask; `open_store` says if it is not)."""
+    return clawloop.store.is_postgres_url(getattr(cfg, "store", "")) or store_path(cfg).exists()
+
+
 def open_store(cfg: Any) -> Store:
-    """Open (create) the store of `cfg.data_dir` (through `clawloop.store.open_store`, which picks
-    the implementation)."""
+    """Open (create) the store `cfg` names: `store` (a PostgreSQL URL or a SQLite file), else the SQLite
+    file of `cfg.data_dir` (through `clawloop.store.open_store`, which picks the implementation). A server
+    that cannot be reached, or a URL it refuses, is a ConfigError naming `store`."""
     Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
-    return clawloop.store.open_store(store_path(cfg))
+    st = getattr(cfg, "store", "")
+    if not clawloop.store.is_postgres_url(st):
+        return clawloop.store.open_store(store_path(cfg))
+    try:
+        return clawloop.store.open_store(st, spill_path=Path(cfg.data_dir) / "spill.jsonl")
+    except ImportError as e:
+        raise ConfigError(f"store: {store_name(cfg)} needs the psycopg driver: pip install 'clawloop[postgres]' "
+                          f"({e})") from None
+    except Exception as e:  # psycopg.OperationalError (refused, no such database, auth), a malformed URL
+        if type(e).__module__.split(".")[0] not in ("psycopg", "psycopg_binary") and not isinstance(e, ValueError):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"store: cannot open {store_name(cfg)}: {first}") from None
 
 
 def url_judge_name(url: str, model: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from clawloop.apps.services import JudgeService
 from clawloop.config import Config, ConfigError
 from clawloop.judge import Judge, JudgeLoop, make_judge
-from clawloop.naming import open_store, store_path
+from clawloop.naming import open_store, store_exists, store_path
 from clawloop.store import Store
 
 log = logging.getLogger(__name__)
@@ -39,9 +39,9 @@ def judge_service(cfg: Config, engine: Any, store: Store) -> JudgeService:
 async def run_judge(cfg: Config, stop: asyncio.Event | None = None) -> None:
     """`clawloop judge --data-dir D`: the judge loop alone on D's store, for a judge on another machine
     than the gateway, until SIGINT/SIGTERM or `stop`."""
-    path = store_path(cfg)
-    if not path.exists():
-        raise ConfigError(f"data_dir: no store at {path} (start `clawloop up` or `clawloop serve` there first)")
+    if not store_exists(cfg):
+        raise ConfigError(f"data_dir: no store at {store_path(cfg)} (start `clawloop up` or `clawloop serve` there "
+                          "first, or name a shared one with --store postgresql://...)")
     stop = stop or asyncio.Event()
     aloop = asyncio.get_running_loop()
     installed = []

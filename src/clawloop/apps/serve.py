@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import uvicorn
 
@@ -27,7 +28,8 @@ from clawloop.apps.judge import judge_service
 from clawloop.apps.observe import export_metrics, live_status
 from clawloop.apps.services import Parts, TrainerService
 from clawloop.apps.train import build_loop, build_ray_loop
-from clawloop.config import Config, write_resolved
+from clawloop.apps.workers import run_workers
+from clawloop.config import Config, ConfigError, write_resolved
 from clawloop.engines import make_engine
 from clawloop.engines.base import HasActors, Relabels
 from clawloop.gateway import check_bind, create_app
@@ -43,7 +45,7 @@ def build_app(cfg: Config, *, judge: bool, train: bool, engine: Any = None, stor
 
         ray      --ray: connect to (or start) the cluster; check the actors fit
         engine   hf / vLLM in-process, or a router over engine actors
-        store    the SQLite store of data_dir; the served version continues its numbering
+        store    the store (--store, else the SQLite file of data_dir); the version continues its numbering
         judge    the judge loop beside serving (--judge none: off)
         trainer  the trainer loop, or a Ray data-parallel group (built at startup, off the event loop)
         gateway  the OpenAI-compatible app with capture, /metrics and the dashboard
@@ -131,8 +133,21 @@ class _Server(uvicorn.Server):
                 signal.signal(s, h)
 
 
-def run(cfg: Config, *, judge: bool, train: bool) -> int:
+def run(cfg: Config, *, judge: bool, train: bool, workers: int = 1) -> int:
+    """Serve (`up`: with the judge and trainer); `workers` > 1: that many gateway processes (apps/workers.py)."""
     check_bind(cfg.serve.host, cfg.serve.api_keys, cfg.serve.insecure)
+    if workers > 1:
+        if judge or train:
+            raise ConfigError("--workers: several gateway processes serve only: run `clawloop serve --workers N`, "
+                              "with `clawloop judge` and `clawloop train` on the same --store beside them")
+        return run_workers(workers, cfg.serve.host, cfg.serve.port,
+                           lambda bind: serve(cfg, judge=False, train=False, bind=bind))
+    return serve(cfg, judge=judge, train=train)
+
+
+def serve(cfg: Config, *, judge: bool, train: bool, bind: Callable[[], socket.socket] | None = None) -> int:
+    """Serve in this process until SIGINT/SIGTERM. `bind`: makes the listening socket (a worker's, shared with
+    the others), called once the app is built, so the kernel sends no connection to a worker still loading."""
     resolved = write_resolved(cfg)
     app, parts = build_app(cfg, judge=judge, train=train)
     engine = parts.engine
@@ -146,7 +161,7 @@ def run(cfg: Config, *, judge: bool, train: bool) -> int:
                                     log_level="warning" if cfg.log_level != "debug" else "debug",
                                     timeout_graceful_shutdown=30))
     try:
-        server.run()
+        server.run(sockets=[bind()] if bind is not None else None)
     finally:
         parts.store.close()
         if parts.ray is not None:

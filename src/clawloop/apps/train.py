@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from clawloop.config import Config, ConfigError
-from clawloop.naming import judge_name, model_path, open_store, store_path
+from clawloop.naming import judge_name, model_path, open_store, store_exists, store_path
 from clawloop.store import Store
 from clawloop.trainer import PublishGate, Trainer, TrainerLoop, resolve_train_device
 from clawloop.trainer.gate import Check, gate_checks
@@ -93,8 +93,9 @@ def run_train(cfg: Config, max_steps: int = 0, exit_when_idle: bool = False) -> 
     until the source has nothing left to make a batch of."""
     store = None
     if cfg.train.source == "store":
-        if not store_path(cfg).exists():
-            raise ConfigError(f"data_dir: no store at {store_path(cfg)} (start `clawloop up` or import data first)")
+        if not store_exists(cfg):
+            raise ConfigError(f"data_dir: no store at {store_path(cfg)} (start `clawloop up` or import data first, "
+                              "or name a shared one with --store postgresql://...)")
         store = open_store(cfg)
     ray_rt = None
     if cfg.ray.mode:  # `--ray auto|local --trainer-workers N`: the data-parallel group as Ray actors

@@ -25,6 +25,7 @@ gateway (`gateway/responses_store.py`), which only that endpoint reads.
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Protocol, runtime_checkable
 
@@ -57,7 +58,8 @@ class Store(Protocol):
         ...
 
     def abort_pending(self) -> int:
-        """Mark every pending row aborted (untrainable); only the serving process calls it, at start."""
+        """Mark pending rows aborted (untrainable): those of requests whose gateway is gone (every pending
+        row, for a store only one gateway serves). Capture calls it at start."""
         ...
 
     def set_next_state(self, session_id: str, index: int, next_state: dict[str, Any],
@@ -180,4 +182,67 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Flush, then release the store; a second call does nothing."""
+        ...
+
+
+class StoreUnavailable(RuntimeError):
+    """A store that must answer now (a shared store's `claim_turn`) cannot be reached."""
+
+
+@dataclass
+class TurnClaim:
+    """What a shared store answers a request that begins (`SharedSessions.claim_turn`)."""
+
+    session_id: str
+    index: int
+    continued: bool
+    """The session was found by the answer the request's history ends with (no session id was sent)."""
+    linked: bool
+    """The request's last message became the next state of an earlier turn."""
+
+
+@runtime_checkable
+class SharedSessions(Protocol):
+    """A store that several gateway processes share (PostgreSQL): what capture's linking state is, so that
+    the requests of one session may reach any gateway. Capture (`gateway/linking.py`) uses these instead of
+    its in-memory maps when the store has them; the linking rules are capture's (its module docstring), each
+    applied here in one transaction under the session's row lock:
+
+    - `claim_turn` reserves the session's next index, finds the session of a header-less request by the
+      answer its history ends with, links the request's last message (rule 1: that answer's turn; rule 2:
+      the previous main turn by index, also while it is still being generated, never an aborted, abandoned
+      or already linked one, nor for a retry of the same request) and writes the pending row, before it
+      returns. It raises `StoreUnavailable` when the store cannot be reached.
+    - `finish_claimed` completes the rows and records the answers the client is about to see, so a request
+      that continues the conversation finds them from any gateway; it does not return before both are
+      committed (or, when the store is down, queued to be written like any write).
+    - Sessions close by `close_shared` (X-Session-Done) or `close_idle_sessions` (no request on any gateway
+      for the idle timeout, none running), either marking the last main turn final when it is stored and
+      has no next state.
+    """
+
+    def claim_turn(self, turn: Turn, *, new_session_id: str | None, answer_keys: list[bytes],
+                   request_hash: bytes | None, next_state: dict[str, Any] | None,
+                   echoed: str | None) -> TurnClaim:
+        """Reserve an index for `turn` (a pending row; `session_id` "" when the request named none: then the
+        session of the first of `answer_keys` with an answer, else `new_session_id`), link `next_state`
+        (rule 1: that answer's turn; else rule 2 with `echoed`, the history's last assistant text), store the
+        row. `request_hash` tells a retry of the same request."""
+        ...
+
+    def finish_claimed(self, turns: list[Turn], key: str, prompt_stored: bool,
+                       answers: list[tuple[bytes, str]]) -> None:
+        """Complete a claimed request's rows and record its answers ((answer key, response text) per choice)."""
+        ...
+
+    def close_shared(self, session_id: str, reason: str) -> Future:
+        """Close a session now (its last main turn final when stored without a next state)."""
+        ...
+
+    def close_idle_sessions(self, idle_before: float) -> Future:
+        """Close every open session last seen before `idle_before` with no request running; resolves to how many."""
+        ...
+
+    def prune_answers(self, keep: int) -> Future:
+        """Forget all but the `keep` most recent answers (what header-less sessions are found by)."""
         ...

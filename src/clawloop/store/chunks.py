@@ -75,6 +75,9 @@ class Chunks:
     """Writes and reads of the `chunks` table, with a bounded cache of the chains read (content
     addressed, so a cached chain is never stale). One per store; safe across threads."""
 
+    INSERT = "INSERT OR IGNORE INTO chunks (key, parent, data) VALUES (?,?,?)"
+    """A node, unless its key is there (the PostgreSQL store says it its own way: `ON CONFLICT DO NOTHING`)."""
+
     def __init__(self, cache: int = 64):
         self._cache: OrderedDict[bytes, tuple] = OrderedDict()
         self._cache_size = cache
@@ -92,7 +95,7 @@ class Chunks:
             rows.append((key, parent, data))
             parent = key
         if rows:
-            conn.executemany("INSERT OR IGNORE INTO chunks (key, parent, data) VALUES (?,?,?)", rows)
+            conn.executemany(self.INSERT, rows)
         return parent, pack_ids(ids[whole:])
 
     def put_messages(self, conn: sqlite3.Connection, messages: list[dict[str, Any]]) -> bytes | None:
@@ -105,13 +108,13 @@ class Chunks:
             rows.append((key, parent, data))
             parent = key
         if rows:
-            conn.executemany("INSERT OR IGNORE INTO chunks (key, parent, data) VALUES (?,?,?)", rows)
+            conn.executemany(self.INSERT, rows)
         return parent
 
     def put_tools(self, conn: sqlite3.Connection, tools_json: str) -> bytes:
         data = tools_json.encode()
         key = _key(_TOOLS, None, data)
-        conn.execute("INSERT OR IGNORE INTO chunks (key, parent, data) VALUES (?,NULL,?)", (key, data))
+        conn.execute(self.INSERT, (key, None, data))
         return key
 
     # -- reads ------------------------------------------------------------------------------

@@ -95,6 +95,14 @@ class SQLiteBase:
 
     writer_connection_factory: type[sqlite3.Connection] = sqlite3.Connection
     """The writer's connection class (`sqlite3.connect(factory=...)`); tests swap in one that fails."""
+    OPS = OPS
+    SPILLABLE = SPILLABLE
+    """The ops this store applies and those it spills (an implementation with more ops extends them)."""
+    BEGIN_WRITE = "BEGIN IMMEDIATE"
+    """How a write transaction starts (SQLite: take the write lock at once)."""
+    DATABASE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
+    """Errors of the database rather than of one op (locked, read-only, full, I/O): the batch is retried.
+    A second implementation (`postgres.py`) names its own, with `_in_transaction` and its connections."""
 
     def __init__(self, path: str | Path, *, max_queue: int = 10_000, high_water: float = 0.8,
                  retries: int = 5, backoff_s: float = 0.05, spill_path: str | Path | None = None):
@@ -126,6 +134,10 @@ class SQLiteBase:
         conn.executescript(SCHEMA)
         migrate(conn)
         conn.commit()
+        self._start_writer(conn)
+
+    def _start_writer(self, conn: Any) -> None:
+        """Re-import the spill file on `conn` (then closed), and start the writer thread."""
         try:
             self._import_spill(conn)
         except Exception:
@@ -143,6 +155,10 @@ class SQLiteBase:
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute(f"PRAGMA busy_timeout={busy_ms}")
         return conn
+
+    @staticmethod
+    def _in_transaction(conn: Any) -> bool:
+        return conn.in_transaction
 
     def _reader(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -216,17 +232,17 @@ class SQLiteBase:
 
     def _apply(self, conn: sqlite3.Connection, jobs: list[_Job]) -> list[tuple[_Job, Any, BaseException | None]]:
         results: list[tuple[_Job, Any, BaseException | None]] = []
-        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(self.BEGIN_WRITE)
         for job in jobs:
             try:
                 conn.execute("SAVEPOINT job")
                 res = self._run_op(conn, job.kind, job.args)
                 conn.execute("RELEASE job")
                 results.append((job, res, None))
-            except sqlite3.OperationalError:  # the database (locked, read-only, full, I/O), not the op: retry all
+            except self.DATABASE_ERRORS:  # the database (locked, read-only, full, I/O), not the op: retry all
                 raise
             except Exception as e:  # one bad op must not lose the others
-                if not conn.in_transaction:  # SQLite rolled the whole transaction back
+                if not self._in_transaction(conn):  # SQLite rolled the whole transaction back
                     raise
                 conn.execute("ROLLBACK TO job")
                 conn.execute("RELEASE job")
@@ -239,7 +255,7 @@ class SQLiteBase:
         if conn is None:
             return None
         try:
-            if conn.in_transaction:
+            if self._in_transaction(conn):
                 conn.rollback()
         except Exception:
             pass
@@ -257,7 +273,7 @@ class SQLiteBase:
         if self._closed:
             raise RuntimeError("store is closed")
         job = _Job(kind, args)
-        if kind not in SPILLABLE:
+        if kind not in self.SPILLABLE:
             self._q.put(job)  # barriers and startup ops: callers wait off the event loop
             return job.fut
         try:
@@ -302,7 +318,7 @@ class SQLiteBase:
     # -- ops (run on the writer thread, each inside the batch's transaction) ---
     def _run_op(self, conn: sqlite3.Connection, kind: str, args: dict[str, Any]) -> Any:
         """Apply the op `kind`: the method `_op_<kind>` a concern defines (`turns.py`, `judgements.py`)."""
-        if kind not in OPS:
+        if kind not in self.OPS:
             raise ValueError(f"unknown store op {kind!r}")
         return getattr(self, f"_op_{kind}")(conn, args)
 
@@ -322,7 +338,7 @@ class SQLiteBase:
     def _spill(self, jobs: list[_Job], sync: bool = True, retry_soon: bool = True) -> None:
         lines = []
         for job in jobs:
-            if job.kind not in SPILLABLE:
+            if job.kind not in self.SPILLABLE:
                 continue
             try:
                 lines.append(json.dumps({"op": job.kind, "args": job.args, "at": time.time()},
@@ -383,7 +399,7 @@ class SQLiteBase:
                 raw = f.read().splitlines()
             kept: list[bytes] = []
             done = 0
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(self.BEGIN_WRITE)
             try:
                 for line in raw:
                     if not line.strip():
@@ -395,20 +411,20 @@ class SQLiteBase:
                             self._run_op(conn, rec["op"], {**rec["args"], "replay": True})
                             conn.execute("RELEASE job")
                         except Exception:
-                            if not conn.in_transaction:
+                            if not self._in_transaction(conn):
                                 raise
                             conn.execute("ROLLBACK TO job")
                             conn.execute("RELEASE job")
                             raise
                         done += 1
-                    except sqlite3.OperationalError:
+                    except self.DATABASE_ERRORS:
                         raise
                     except Exception as e:
                         log.error("store: spilled op could not be re-imported (kept in %s): %s", self.spill_path, e)
                         kept.append(line)
                 conn.execute("COMMIT")
             except BaseException:
-                if conn.in_transaction:
+                if self._in_transaction(conn):
                     conn.rollback()
                 raise
             os.ftruncate(fd, 0)
