@@ -15,7 +15,9 @@ cd "$(dirname "$0")/.."
 # What the gpu tests import that the image (torch, transformers, peft, pytest, ... see KINDS.md) lacks:
 # the gateway's web stack, which the trainer's OPD path reaches through clawloop.gateway.render. Found by
 # running the tests' imports here with every distribution the image does not list blocked.
-EXTRA="fastapi starlette pydantic pydantic-core typing-inspection annotated-types python-multipart opentelemetry-api orjson"
+# bitsandbytes (41 MiB, manylinux_2_24) for --load-in-4bit (tests/test_qlora.py): the carried .whl stays under 64 MiB.
+EXTRA="fastapi starlette pydantic pydantic-core typing-inspection annotated-types python-multipart opentelemetry-api orjson
+       bitsandbytes"
 
 if [ "${1:-}" = wheels ]; then
   dir=${2:-.whl}
@@ -24,7 +26,7 @@ if [ "${1:-}" = wheels ]; then
   pins=$(.venv/bin/python -c 'import importlib.metadata as md, sys; print(" ".join(f"{n}=={md.version(n)}" for n in sys.argv[1:]))' $EXTRA)
   # shellcheck disable=SC2086
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$dir" $pins
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$dir" $pins
   ls "$dir"
   exit 0
 fi

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 
+import bitsandbytes as bnb  # .[dev] and .[qlora] pin it
 import pytest
 import torch
 
 from clawloop.engines.base import AcceptsLora, GenerationRequest, LoraAdapter, SamplingParams
 from clawloop.records import Sample
 from conftest import make_cfg
-
-bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is in .[dev] / .[qlora]")
 
 QLORA = dict(model__load_in_4bit="true", train__use_lora="true", train__method="binary", train__lr="5e-2",
              train__lora_rank="4", train__lora_alpha="8")
@@ -45,6 +44,7 @@ def test_qlora_trains_on_nf4_and_the_engine_serves_the_adapters(random_model_dir
     from clawloop.gateway.render import render_prompt
     from clawloop.quant import weight_bytes
     from clawloop.trainer import Trainer
+    from clawloop.trainer.checkpoint import load_checkpoint, save_checkpoint, weights_fingerprint
 
     cfg = make_cfg(random_model_dir, tmp_path, **QLORA)
     trainer = Trainer(cfg, str(random_model_dir))
@@ -73,6 +73,9 @@ def test_qlora_trains_on_nf4_and_the_engine_serves_the_adapters(random_model_dir
             with pytest.raises(ValueError, match="LoRA adapters only"):
                 await engine.publish(trainer.served_state_dict(), trainer.version + 1)
             published = trainer.lora_adapter()
+            # what a resume checks (TrainerLoop.publish_resumed): the engine holds the trained weights
+            assert weights_fingerprint(engine.state_dict()) == pytest.approx(
+                weights_fingerprint(trainer.served_state_dict()), abs=1e-3)
             # after the last publish, the served version is the trained one: same logprobs on a fresh turn
             samples = await _sample(engine, prompt, 2, seed0=999)
             return trainer.step(samples, served_version=engine.policy_version), published
@@ -92,8 +95,74 @@ def test_qlora_trains_on_nf4_and_the_engine_serves_the_adapters(random_model_dir
     k = next(k for k in published.state_dict if "lora_B" in k)
     assert torch.equal(sd[k.replace(".weight", ".default.weight")], published.state_dict[k])
     assert float(published.state_dict[k].abs().sum()) > 0  # B starts at 0: this one was trained
+    # a checkpoint holds the adapter; a fresh 4-bit trainer resumes it exactly
+    ckpt = save_checkpoint(trainer, tmp_path / "ckpt", cursor=0)
+    resumed = Trainer(cfg, str(random_model_dir))
+    load_checkpoint(resumed, ckpt)
+    assert resumed.step_count == trainer.step_count
+    after = {n: p for n, p in resumed.model.named_parameters() if p.requires_grad}
+    assert all(torch.equal(after[n], p) for n, p in trainer.model.named_parameters() if p.requires_grad)
 
 
 def test_a_full_precision_engine_refuses_an_adapter(engine):
     with pytest.raises(ValueError, match="needs --load-in-4bit"):
         engine._prepare_model(LoraAdapter(state_dict={}, config={}))
+
+
+# -- on a GPU (`make test-gpu`, scripts/gpu_check.sh): the same path in bf16 on CUDA, and its memory --------------
+def _cuda_why() -> str:
+    return "" if torch.cuda.is_available() else "torch sees no CUDA device"
+
+
+@pytest.mark.gpu
+def test_qlora_on_cuda_serves_what_it_trains(random_model_dir, tmp_path):
+    """Trainer (bf16 autocast over the NF4 base) and engine (bf16) on one GPU: the drift stays small."""
+    from conftest import require_or_skip
+
+    require_or_skip("gpu", _cuda_why())
+    from clawloop.engines.hf import HFEngine
+    from clawloop.gateway.render import render_prompt
+    from clawloop.trainer import Trainer
+
+    cfg = make_cfg(random_model_dir, tmp_path, train__device="cuda", **QLORA)
+    trainer = Trainer(cfg, str(random_model_dir))
+    engine = HFEngine(random_model_dir, device="cuda", dtype="bfloat16", load_in_4bit=True)
+    assert len(_linear4bit(trainer.model)) == 14 and trainer.model.device.type == "cuda"
+    prompt = render_prompt(engine.tokenizer, [{"role": "user", "content": "What is 12+7?"}], None)
+
+    async def main():
+        await engine.start()
+        try:
+            out = []
+            for step in range(3):
+                samples = await _sample(engine, prompt, 4, seed0=100 * step)
+                out.append(trainer.step(samples, served_version=engine.policy_version))
+                await engine.publish(trainer.lora_adapter(), trainer.version)
+            return out
+        finally:
+            await engine.stop()
+
+    stats = asyncio.run(main())
+    drift = [s["train/logprob_diff_abs_mean"] for s in stats]
+    print("qlora cuda drift (mean |engine - trainer| logprob per step):", drift)
+    assert max(drift) < 2e-2, drift  # bf16 on both sides: kernels differ by batch shape, not by weights
+    assert engine.policy_version == 3
+
+
+@pytest.mark.gpu
+def test_qlora_memory_on_cuda(tmp_path):
+    """GPU memory per base parameter, NF4 against bf16, LoRA r=16 on every linear layer, one AdamW step."""
+    from conftest import require_or_skip
+
+    require_or_skip("gpu", _cuda_why())
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "qlora_memory.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "CLAWLOOP_BENCH_DEVICE": "cuda"})
+    print(out.stdout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ratio = float(out.stdout.split("nf4 / bf16: weights ")[1].split(",")[0])
+    assert ratio < 0.35

@@ -287,6 +287,8 @@ class TrainerLoop:
             return self.trainer.step(batch, served_version=served)
         finally:
             try:
+                if self.trainer.device.type == "cuda":  # the step's cached activation blocks go back to vLLM
+                    torch.cuda.empty_cache()
                 self._await_engine(self.engine.wake_up())
             finally:
                 self.last_sleep_s = time.perf_counter() - t0
