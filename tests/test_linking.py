@@ -221,6 +221,52 @@ def test_history_match_normalises_tool_calls_and_whitespace(tmp_path):
     store.close()
 
 
+def test_history_match_normalises_numbers_as_a_javascript_client_sends_them(tmp_path):
+    """OpenClaw (JavaScript) echoes `2.0` as `2` and a 50-digit integer as its double, `1e+49`."""
+    store = SQLiteStore(tmp_path / "c.db")
+    cap = Capture(store)
+    big = "1" + "0" * 49
+    s0 = cap.begin(None, "main", [user("add them")], False)
+    _served_calls(s0, cap, args='{"a": 2.0, "b": %s, "c": 0.5, "ok": true}' % big)
+    echoed = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "x", "type": "function", "function": {"name": "weather",
+                                                     "arguments": '{"ok":true,"c":0.5,"b":1e+49,"a":2}'}}]}
+    s1 = cap.begin(None, "main", [user("add them"), echoed, {"role": "tool", "content": "3"}], False)
+    assert s1.session_id == s0.session_id
+    # a different number is a different conversation
+    other = dict(echoed, tool_calls=[{"function": {"name": "weather", "arguments": '{"ok":true,"c":0.5,"b":1e+49,"a":3}'}}])
+    s2 = cap.begin(None, "main", [user("add them"), other, {"role": "tool", "content": "4"}], False)
+    assert s2.session_id != s0.session_id
+    store.close()
+
+
+def test_empty_answer_left_out_of_the_history_gets_the_clients_nudge(tmp_path):
+    """An answer that is only the end token: OpenClaw drops it and sends the same messages with
+    "The previous attempt did not produce a user-visible answer ..." after them. That nudge is the
+    empty turn's next state, in the same session; a plain retry (the same messages) links nothing."""
+    store = SQLiteStore(tmp_path / "c.db")
+    cap = Capture(store)
+    q = [{"role": "system", "content": "You are an agent."}, user("What is 12+7?")]
+    s0 = cap.begin(None, "main", q, False)
+    cap.finish(s0, [_turn(s0, "")])
+    retry = cap.begin(None, "main", q, False)
+    assert retry.session_id != s0.session_id
+    cap.finish(retry, [_turn(retry, "19")])
+    nudge = user("The previous attempt did not produce a user-visible answer. Continue.")
+    s1 = cap.begin(None, "main", q + [nudge], False)
+    assert s1.session_id == s0.session_id and s1.index == 1
+    cap.finish(s1, [_turn(s1, "19")])
+    store.flush()
+    turns = store.session_turns(s0.session_id)
+    assert turns[0].next_state == {"role": "user", "content": nudge["content"]}
+    # a non-empty answer left out of the history does not link this way
+    s2 = cap.begin(None, "main", [q[0], user("What is 3+4?")], False)
+    cap.finish(s2, [_turn(s2, "7")])
+    s3 = cap.begin(None, "main", [q[0], user("What is 3+4?"), user("and?")], False)
+    assert s3.session_id != s2.session_id
+    store.close()
+
+
 def test_identical_headerless_conversations_most_recent_wins(tmp_path):
     store = SQLiteStore(tmp_path / "c.db")
     cap = Capture(store)
