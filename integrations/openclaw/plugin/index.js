@@ -18,7 +18,10 @@
 //   main  a call of a "user" run (the reply, and its tool-call follow-ups), or one we cannot place,
 //         which is clawloop's own default (classify side only on evidence).
 // The session is the id OpenClaw's transport is given for the call: the user's session also for the
-// memory flush (which runs in an internal session of its own) and the compaction summary.
+// memory flush (which runs in an internal session of its own) and the compaction summary. The
+// `anthropic-messages` transport has no turn-state hook: there the header comes from the call's own
+// options, which a compaction summary lacks (seen on openai-completions), so such a summary would go
+// without it and clawloop would store it as a one-turn side session (not tested).
 //
 // Install: see README.md (`openclaw plugins install --link`, then grant conversation hooks).
 
@@ -84,8 +87,10 @@ export default {
             api.logger?.warn?.(`clawloop: call ${requestId} is in no agent run seen; is plugins.entries.`
                                + "clawloop.hooks.allowConversationAccess true? Unplaced calls go as main.");
           }
-          const type = turnType(requestId);
-          return inner(model, context, { ...options, headers: { ...options?.headers, "X-Turn-Type": type } });
+          // The session header again where the call names its session: transports without the turn-state
+          // hook (anthropic-messages) send it too; where both apply they agree (same id, same header name).
+          const headers = { ...options?.headers, ...sessionHeader(options?.sessionId), "X-Turn-Type": turnType(requestId) };
+          return inner(model, context, { ...options, headers });
         };
       },
     });
