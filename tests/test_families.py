@@ -57,7 +57,7 @@ def bias(tok, family: str) -> dict[str, float]:
         return {str(v["</think>"]): 6.0}
     if family == "qwen3_moe":
         return {str(v["<think>"]): 7.0, str(v["</think>"]): 7.0}
-    if family == "mistral":  # the grammar takes `[TOOL_CALLS]` as the control token or spelt out: a Mistral writes the token
+    if family == "mistral":  # the grammar takes `[TOOL_CALLS]` as the token or spelt out; Mistral writes the token
         return {str(v["[TOOL_CALLS]"]): 8.0}
     return {}
 
@@ -125,7 +125,8 @@ def test_thinking_and_tool_calls_serve_capture_judge_train_publish(fam, tmp_path
                 ch2 = r.choices[0]
                 call2 = ch2.message.tool_calls[0]
                 assistant = {"role": "assistant", "content": ch2.message.content, "tool_calls": [
-                    {"id": call2.id, "type": "function", "function": {"name": "add", "arguments": call2.function.arguments}}]}
+                    {"id": call2.id, "type": "function",
+                     "function": {"name": "add", "arguments": call2.function.arguments}}]}
                 history = ASK + [assistant, {"role": "tool", "tool_call_id": call2.id, "content": "5"}]
             r2 = c.chat.completions.create(model="m", messages=history, max_tokens=6, temperature=1.0, seed=3)
             a2 = r2.choices[0].message
@@ -197,5 +198,48 @@ def test_thinking_and_tool_calls_serve_capture_judge_train_publish(fam, tmp_path
         assert trainer.last["train/tokens"] > 0 if "train/tokens" in trainer.last else True
         r = ask(c, family, tok, ASK)
         assert r.system_fingerprint == f"clawloop-v{v0 + 1}" and r.choices[0].message.tool_calls
+    finally:
+        g.stop()
+
+
+def test_responses_api_reasoning_items(fam, tmp_path):
+    """The Responses API on the same models: the reasoning is a `reasoning` output item before the call
+    (streamed as `response.reasoning_text.delta`), and a `reasoning` input item reaches the template."""
+    family, path, engine = fam
+    want_reasoning = EXPECT[family][0]
+    g = Gateway(engine, path, tmp_path / "data")
+    try:
+        tool = {"type": "function", "name": "add", "parameters": ADD["function"]["parameters"]}
+        body = {"model": "m", "input": "What is 2+3?", "tools": [tool], "max_output_tokens": 40,
+                "tool_choice": {"type": "function", "name": "add"}, "temperature": 1.0}
+        r = httpx.post(g.url + "/v1/responses", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        out = r.json()["output"]
+        kinds = [o["type"] for o in out]
+        g.store.flush()
+        (turn,) = [t for _, ts in g.store.iter_sessions() for t in ts]
+        assert (turn.reasoning is not None) == bool(want_reasoning and (EXPECT[family][2] or kinds[0] == "reasoning"))
+        if turn.reasoning:
+            assert kinds[0] == "reasoning" and out[0]["content"][0]["text"] == turn.reasoning
+        else:
+            assert "reasoning" not in kinds
+        with httpx.stream("POST", g.url + "/v1/responses", json={**body, "stream": True}, timeout=60) as s:
+            events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+        final = events[-1]["response"]
+        deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+        items = [o for o in final["output"] if o["type"] == "reasoning"]
+        assert deltas == (items[0]["content"][0]["text"] if items else "")
+        # a reasoning item sent back is given to the assistant turn after it, for the template to render
+        if want_reasoning:
+            inp = [{"type": "message", "role": "user", "content": "What is 2+3?"},
+                   {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "add 2 and 3"}]},
+                   {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 2, "b": 3}'},
+                   {"type": "function_call_output", "call_id": "c1", "output": "5"}]
+            r = httpx.post(g.url + "/v1/responses", json={"model": "m", "input": inp, "max_output_tokens": 4},
+                           timeout=60)
+            assert r.status_code == 200, r.text
+            g.store.flush()
+            last = max((t for _, ts in g.store.iter_sessions() for t in ts), key=lambda t: t.created_at)
+            assert "<think>\nadd 2 and 3\n</think>" in engine.tokenizer.decode(last.prompt_ids)
     finally:
         g.stop()

@@ -5,7 +5,8 @@
   whitespace by default (`JSON_WHITESPACE`).
 - offered tools → every call is `{"name": <an offered name>, "arguments": <that tool's
   parameter schema>}`, written in the served family's format (its tool parser's `call_tag`:
-  Hermes `<tool_call>` blocks by default, Llama 3 JSON, Mistral `[TOOL_CALLS]`); `tool_choice`: `auto` free text with optional calls (`triggered_tags`),
+  Hermes `<tool_call>` blocks by default, Llama 3 JSON, Mistral `[TOOL_CALLS]`); `tool_choice`:
+  `auto` free text with optional calls (`triggered_tags`),
   `required` at least one call, a named function exactly that call, `none` no tools at
   all (they are not rendered); `parallel_tool_calls: false` ends the reply after the
   first call.

@@ -26,12 +26,16 @@ the same). An explicit session id on a request always wins. Responses are stored
 response (so it cannot be continued or fetched) and, as in chat, no captured turn.
 
 Refused with a 400 naming the parameter: non-function tools, `tool_choice` `allowed_tools`,
-image/file/audio input, `reasoning`/`item_reference` items, `background`, `conversation`,
+image/file/audio input, `item_reference` items, `background`, `conversation`,
 `prompt`, `reasoning` settings, `truncation: "auto"`, `max_tool_calls`, `include` other than
 `message.output_text.logprobs`, `text.verbosity` other than `medium`. `metadata`,
 `service_tier`, `prompt_cache_key`, `prompt_cache_retention`, `safety_identifier` go to the chat
 path as they are; `stream_options` (obfuscation) has no effect; `user` names the session, as in
 chat.
+
+A thinking model's reasoning (chat's `reasoning_content`) is a `reasoning` output item before the
+message and the calls (`response.reasoning_text.delta` events while it streams); a `reasoning` input
+item gives its text to the assistant message after it, for the chat template to render or drop.
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ def input_to_messages(raw: Any) -> list[dict[str, Any]]:
         raise bad_value("Invalid value for 'input': expected a non-empty string or a non-empty list of items.", "input")
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # call_id → function name, for the tool messages
+    reasoning: str | None = None  # a reasoning item's text, for the assistant message that follows it
     for i, item in enumerate(raw):
         p = f"input[{i}]"
         if not isinstance(item, dict):
@@ -112,6 +117,12 @@ def input_to_messages(raw: Any) -> list[dict[str, Any]]:
                 raise bad_value(f"Missing required parameter: '{p}.content'.", f"{p}.content",
                            code="missing_required_parameter")
             out.append({"role": role, "content": _text(item["content"], f"{p}.content", role)})
+            if role == "assistant" and reasoning is not None:
+                out[-1]["reasoning_content"], reasoning = reasoning, None
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            parts = parts if isinstance(parts, list) else []
+            reasoning = "".join(x.get("text") or "" for x in parts if isinstance(x, dict))
         elif kind == "function_call":
             for key in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(key), str):
@@ -127,6 +138,8 @@ def input_to_messages(raw: Any) -> list[dict[str, Any]]:
                     last["content"] = None
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if reasoning is not None:
+                    out[-1]["reasoning_content"], reasoning = reasoning, None
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise bad_value(f"Missing required parameter: '{p}.call_id'.", f"{p}.call_id",
@@ -140,8 +153,8 @@ def input_to_messages(raw: Any) -> list[dict[str, Any]]:
                 msg["name"] = names[item["call_id"]]
             out.append(msg)
         else:
-            raise bad_value(f"Unsupported input item type {kind!r} at '{p}': this server takes message, function_call "
-                       "and function_call_output items.", f"{p}.type", code="unsupported_value")
+            raise bad_value(f"Unsupported input item type {kind!r} at '{p}': this server takes message, reasoning, "
+                       "function_call and function_call_output items.", f"{p}.type", code="unsupported_value")
     return out
 
 
@@ -355,6 +368,11 @@ def _message_item(text: str, status: str, logprobs: list[dict[str, Any]], item_i
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}]}
 
 
+def _reasoning_item(text: str, item_id: str | None = None) -> dict:
+    return {"id": item_id or f"rs_{_hex()}", "type": "reasoning", "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def _call_item(call: dict[str, Any], status: str = "completed", item_id: str | None = None) -> dict:
     return {"id": item_id or f"fc_{_hex()}", "type": "function_call", "status": status, "call_id": call["id"],
             "name": call["function"]["name"], "arguments": call["function"]["arguments"]}
@@ -420,14 +438,15 @@ class ResponsesAPI:
         choice = body["choices"][0]
         msg = choice["message"]
         status, incomplete = _status(choice["finish_reason"])
-        output = []
+        output = [_reasoning_item(msg["reasoning_content"])] if msg.get("reasoning_content") else []
         if msg.get("content") or not msg.get("tool_calls"):
             output.append(_message_item(msg.get("content") or "", status,
                                         _logprobs(choice.get("logprobs")) if req.logprobs else []))
         output += [_call_item(c) for c in msg.get("tool_calls") or []]
         obj = self.response_object(body["id"], req, created, status, output, _usage(body.get("usage")),
                                    incomplete)
-        await self._save(body["id"], req, sid, tenant, _assistant(msg.get("content"), msg.get("tool_calls")), obj)
+        await self._save(body["id"], req, sid, tenant,
+                         _assistant(msg.get("content"), msg.get("tool_calls"), msg.get("reasoning_content")), obj)
         return JSONResponse(obj, headers={"X-Policy-Version": resp.headers.get("x-policy-version", "")})
 
     async def retrieve(self, request: Request, response_id: str) -> Response:
@@ -452,7 +471,8 @@ class ResponsesAPI:
             if t.failed:
                 return
             obj = t.final()
-            await self._save(obj["id"], req, sid, tenant, _assistant(t.content_text(), t.tool_calls()), obj)
+            msg = _assistant(t.content_text(), t.tool_calls(), t.reasoning())
+            await self._save(obj["id"], req, sid, tenant, msg, obj)
             for out in t.finish(obj):
                 yield out
         finally:
@@ -463,9 +483,12 @@ def _not_found(response_id: str) -> APIError:
     return APIError(404, f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
 
 
-def _assistant(content: str | None, calls: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _assistant(content: str | None, calls: list[dict[str, Any]] | None,
+               reasoning: str | None = None) -> dict[str, Any]:
     """The assistant message a response adds to its conversation, as chat served it."""
     msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        msg["reasoning_content"] = reasoning
     if calls:
         msg["tool_calls"] = [{"id": c["id"], "type": "function",
                               "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
@@ -523,6 +546,8 @@ class _StreamTranslator:
                 self.usage = data["usage"]
             for ch in data.get("choices") or []:
                 delta = ch.get("delta") or {}
+                if delta.get("reasoning_content"):
+                    out += self._reasoning(delta["reasoning_content"])
                 if delta.get("content"):
                     out += self._content(delta["content"], _logprobs(ch.get("logprobs")) if self.req.logprobs else [])
                 for tc in delta.get("tool_calls") or []:
@@ -550,6 +575,18 @@ class _StreamTranslator:
         self.lps += logprobs
         out.append(self._event("response.output_text.delta", item_id=self.open["id"], output_index=len(self.output),
                                content_index=0, delta=delta, logprobs=logprobs))
+        return out
+
+    def _reasoning(self, delta: str) -> list[str]:
+        out = []
+        if self.open is None or self.open["type"] != "reasoning":
+            out += self._close()
+            self.open = _reasoning_item("")
+            self.text = []
+            out.append(self._event("response.output_item.added", output_index=len(self.output), item=self.open))
+        self.text.append(delta)
+        out.append(self._event("response.reasoning_text.delta", item_id=self.open["id"], output_index=len(self.output),
+                               content_index=0, delta=delta))
         return out
 
     def _tool_call(self, tc: dict[str, Any]) -> list[str]:
@@ -585,6 +622,11 @@ class _StreamTranslator:
             out.append(self._event("response.content_part.done", item_id=item["id"], output_index=idx,
                                    content_index=0, part=part))
             item = {**item, "status": status, "content": [part]}
+        elif item["type"] == "reasoning":
+            text = "".join(self.text)
+            out.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=idx,
+                                   content_index=0, text=text))
+            item = _reasoning_item(text, item["id"])
         else:
             out.append(self._event("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
                                    arguments=item["arguments"]))
@@ -607,6 +649,9 @@ class _StreamTranslator:
     def content_text(self) -> str | None:
         texts = [c["text"] for it in self.output if it["type"] == "message" for c in it["content"]]
         return "".join(texts) if texts else None
+
+    def reasoning(self) -> str | None:
+        return "".join(c["text"] for it in self.output if it["type"] == "reasoning" for c in it["content"]) or None
 
     def tool_calls(self) -> list[dict[str, Any]]:
         return [{"id": it["call_id"], "function": {"name": it["name"], "arguments": it["arguments"]}}
