@@ -189,3 +189,34 @@ def test_serve_workers_share_the_port_and_die_with_their_parent(random_model_dir
         for w in workers:  # only if the assertion above failed: never leave one running
             if _alive(w):
                 os.kill(w, signal.SIGKILL)
+
+
+def test_a_store_server_that_goes_away_is_a_503_never_a_hang(engine, random_model_dir, tmp_path):
+    """A request that begins while the server is unreachable cannot get its index: a 503 `store_unavailable`
+    with Retry-After, at once; the turn finished before it is in the store."""
+    import openai
+
+    from clawloop.store.pg_local import LocalPostgres, missing
+    from conftest import Gateway, require_or_skip
+
+    require_or_skip("postgres", missing())
+    pg = LocalPostgres().start()
+    g = None
+    try:
+        g = Gateway(engine, random_model_dir, tmp_path / "data", store=pg.url)
+        c = g.client()
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                  extra_headers={"X-Session-Id": "s"})
+        assert [t.index for t in g.store.session_turns("s")] == [0]
+        pg.stop()
+        t0 = time.time()
+        with pytest.raises(openai.APIStatusError) as e:
+            c.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}], max_tokens=4,
+                                      extra_headers={"X-Session-Id": "s"})
+        assert e.value.status_code == 503 and "store_unavailable" in str(e.value.body)
+        assert e.value.response.headers.get("retry-after") == "2" and time.time() - t0 < 15
+        assert httpx.get(g.url + "/health", timeout=10).status_code in (200, 503)  # the gateway still answers
+    finally:
+        if g is not None:
+            g.stop()
+        pg.stop()

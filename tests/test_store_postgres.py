@@ -265,3 +265,80 @@ def test_bad_store_url_or_server_is_a_config_error_naming_the_key(pg_server, tmp
     with pytest.raises(ConfigError, match="no_such_db"):
         open_cfg_store(nodb)
     assert main(["serve", "--workers", "2", "--data-dir", str(tmp_path)]) == 2  # several workers need the server
+
+
+@pytest.mark.postgres
+def test_import_two_judges_and_a_trainer_restart_use_every_turn_once(random_model_dir, pg_url, tmp_path):
+    """`clawloop import` into the server, two judge processes' stores judging at once, the trainer for 3
+    steps, a restart from its checkpoint, the rest: every judged turn trains exactly once, through the
+    cursor kept in the server."""
+    import json
+
+    from clawloop.apps.train import build_loop
+    from clawloop.judge.offline import OfflineJudge
+    from clawloop.naming import judge_name
+    from clawloop.naming import open_store as open_cfg_store
+    from clawloop.trajectories import import_sessions
+    from conftest import make_cfg
+
+    n, batch = 48, 8
+    flags = dict(store=pg_url, train__method="binary", train__rollout_batch_size=str(batch), train__lr="1e-3",
+                 train__max_staleness="100", train__negative_weight="1")
+    cfg = make_cfg(random_model_dir, tmp_path, **flags)
+    data = tmp_path / "turns.jsonl"
+    with open(data, "w") as f:
+        for i in range(n):
+            reply = "thanks, perfect!" if i % 2 else "no, just the number please"
+            f.write(json.dumps({"session_id": f"s{i}", "turns": [{
+                "type": "main", "prompt": f"What is {i}+1?", "response": f"It is {i + 1}.", "next_state": reply}]}) + "\n")
+    assert import_sessions(cfg, data) == (n, n)
+    name = judge_name(cfg)
+    judges = [open_cfg_store(cfg) for _ in range(2)]
+
+    def judge_some(st, part):
+        judge = OfflineJudge()
+        for turn in st.turns_to_judge(name, 10 * n):
+            if turn.id % 2 == part:
+                j = judge.judge_sync(turn)
+                j.judge = name
+                st.save_judgement(j)
+        st.flush()
+
+    threads = [threading.Thread(target=judge_some, args=(st, k)) for k, st in enumerate(judges)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for st in judges:
+        st.close()
+    store = open_cfg_store(cfg)
+    try:
+        judged = {t.id for _, t, _ in store.judged_turns(name, 0, 10 * n)}
+        assert len(judged) == n and store.count_pending_judgement(name) == 0
+        trained: list[int] = []
+
+        def recording(tl):
+            step = tl.trainer.step
+
+            def record(samples, served_version=None):
+                trained.extend(s.turn_id for s in samples)
+                return step(samples, served_version=served_version)
+
+            tl.trainer.step = record
+            return tl
+
+        tl = recording(build_loop(cfg, None, store))
+        for _ in range(3):
+            assert tl.run_once() is True
+        tl.stop()
+        first = len(trained)
+        cfg2 = make_cfg(random_model_dir, tmp_path, train__resume_from_checkpoint="latest", **flags)
+        tl2 = recording(build_loop(cfg2, None, store))
+        assert tl2.resumed_from
+        while tl2.run_once():
+            pass
+        assert first == 3 * batch and sorted(trained) == sorted(judged), "each judged turn trained once"
+        store.flush()
+        assert store.get_cursor("trainer") == tl2.cursor
+    finally:
+        store.close()

@@ -168,9 +168,10 @@ class SharedSessionRows(PgRows):
             return
         try:
             self._in_link_tx(self._finish, turns, key, prompt_stored, answers)
-        except StoreUnavailable as e:  # never lost: queued like any write (retried, spilled)
+        except Exception as e:  # never lost, never a failed reply: queued like any write (retried, spilled)
             if self._say("finish-claimed"):
-                log.warning("%s; the turn goes through the write queue, its answer is not shared", e)
+                log.warning("store: finishing turn %d of %r failed (%s); it goes through the write queue",
+                            turns[0].index, turns[0].session_id, e)
             self.finish_turns(turns, key, prompt_stored)
             if answers:
                 self._submit("answers", self._answers_args(turns[0], answers))
