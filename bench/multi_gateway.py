@@ -132,6 +132,44 @@ def links(url: str, spill: Path) -> tuple[int, int]:
         st.close()
 
 
+def store_round_trips(url: str, spill: Path, requests: int = 300, sessions: int = 30) -> dict:
+    """What a request's two synchronous store calls cost (capture's begin and end over a shared store): the
+    time a gateway's event loop waits per request, without HTTP or engine. Conversations of 10 requests,
+    each linking the previous answer (rule 1), a 600-id prompt growing by 40 ids a turn (chunks shared)."""
+    import hashlib
+
+    from clawloop.records import Turn
+
+    st = open_store(url, spill_path=spill)
+    begin, end = [], []
+    try:
+        for r in range(requests):
+            sid, k = f"rt-{r % sessions}", r // sessions
+            prompt = list(range(600 + 40 * k))
+            t = Turn(session_id=sid, index=0, type="main", messages=[{"role": "user", "content": f"q{k}"}] * (k + 1),
+                     prompt_ids=prompt, finish_reason="pending", policy_version=-1, trainable=False,
+                     request_id=f"key{r}", created_at=time.time())
+            prev = hashlib.blake2b(f"{sid}/{k - 1}".encode(), digest_size=16).digest()
+            t0 = time.perf_counter()
+            claim = st.claim_turn(t, new_session_id=None, answer_keys=[prev] if k else [],
+                                  request_hash=hashlib.blake2b(f"req{r}".encode(), digest_size=16).digest(),
+                                  next_state={"role": "user", "content": f"q{k}"} if k else None, echoed=None)
+            begin.append(time.perf_counter() - t0)
+            done = Turn(session_id=sid, index=claim.index, type="main", messages=t.messages, prompt_ids=prompt,
+                        response_ids=list(range(16)), response_logprobs=[-1.0] * 16, response_text=f"a{k}",
+                        finish_reason="stop", policy_version=0, request_id=f"r{r}", created_at=time.time())
+            t0 = time.perf_counter()
+            st.finish_claimed([done], f"key{r}", True,
+                              [(hashlib.blake2b(f"{sid}/{k}".encode(), digest_size=16).digest(), f"a{k}")])
+            end.append(time.perf_counter() - t0)
+        linked = sum(t.next_state is not None for s_ in range(sessions) for t in st.session_turns(f"rt-{s_}"))
+    finally:
+        st.close()
+    ms = lambda xs, q: 1000 * sorted(xs)[int(q * (len(xs) - 1))]  # noqa: E731
+    return {"begin_p50": ms(begin, 0.5), "begin_p95": ms(begin, 0.95), "end_p50": ms(end, 0.5),
+            "end_p95": ms(end, 0.95), "linked": linked, "want": requests - sessions}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="1,2,4")
@@ -139,9 +177,17 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--round-trips", action="store_true",
+                    help="Only time capture's two synchronous store calls per request (no HTTP, no engine).")
     ap.add_argument("--sqlite-baseline", action="store_true",
                     help="First the same load on one gateway over the SQLite store (no --store), side by side.")
     a = ap.parse_args()
+    if a.round_trips:
+        with LocalPostgres() as pg, tempfile.TemporaryDirectory(prefix="clawloop-bench-") as tmp:
+            r = store_round_trips(pg.create_database("rt"), Path(tmp) / "spill.jsonl")
+        print(f"claim_turn (begin) p50 {r['begin_p50']:.2f} ms, p95 {r['begin_p95']:.2f} ms; finish_claimed (end) "
+              f"p50 {r['end_p50']:.2f} ms, p95 {r['end_p95']:.2f} ms; linked {r['linked']}/{r['want']}")
+        return 0
     backend = ["--backend", "bench"] if has_bench_backend() else ["--model-threads", "1"]
     print(f"engine: {'bench (no model cost)' if backend else 'hf, embedded tiny model, 1 torch thread per worker'}; "
           f"{a.requests} requests in {a.sessions} sessions, {a.concurrency} in flight, max_tokens {a.max_tokens}; "
