@@ -202,9 +202,10 @@ def test_thinking_and_tool_calls_serve_capture_judge_train_publish(fam, tmp_path
         g.stop()
 
 
-def test_responses_api_reasoning_items(fam, tmp_path):
-    """The Responses API on the same models: the reasoning is a `reasoning` output item before the call
-    (streamed as `response.reasoning_text.delta`), and a `reasoning` input item reaches the template."""
+def test_responses_and_messages_reasoning(fam, tmp_path):
+    """The Responses and Messages APIs on the same models: the reasoning is a `reasoning` output item /
+    a `thinking` block before the call (streamed as `response.reasoning_text.delta` / `thinking_delta`),
+    and one sent back in the history reaches the template."""
     family, path, engine = fam
     want_reasoning = EXPECT[family][0]
     g = Gateway(engine, path, tmp_path / "data")
@@ -237,6 +238,33 @@ def test_responses_api_reasoning_items(fam, tmp_path):
                    {"type": "function_call_output", "call_id": "c1", "output": "5"}]
             r = httpx.post(g.url + "/v1/responses", json={"model": "m", "input": inp, "max_output_tokens": 4},
                            timeout=60)
+            assert r.status_code == 200, r.text
+            g.store.flush()
+            last = max((t for _, ts in g.store.iter_sessions() for t in ts), key=lambda t: t.created_at)
+            assert "<think>\nadd 2 and 3\n</think>" in engine.tokenizer.decode(last.prompt_ids)
+
+        # Anthropic Messages: a thinking block first, the same thinking streamed as thinking_delta events
+        m = {"model": "m", "max_tokens": 40, "seed": 5, "messages": [{"role": "user", "content": "What is 2+3?"}],
+             "tools": [{"name": "add", "input_schema": ADD["function"]["parameters"]}],
+             "tool_choice": {"type": "tool", "name": "add"}}
+        r = httpx.post(g.url + "/v1/messages", json=m, timeout=60)
+        assert r.status_code == 200, r.text
+        blocks = r.json()["content"]
+        thinking = [b["thinking"] for b in blocks if b["type"] == "thinking"]
+        assert (blocks[0]["type"] == "thinking") == bool(thinking)  # (no logit bias here: it may think to the end)
+        assert bool(thinking) <= bool(want_reasoning)
+        with httpx.stream("POST", g.url + "/v1/messages", json={**m, "stream": True}, timeout=60) as s:
+            events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+        streamed = "".join(e["delta"]["thinking"] for e in events if e["type"] == "content_block_delta"
+                           and e["delta"]["type"] == "thinking_delta")
+        assert streamed == "".join(thinking)
+        if want_reasoning:
+            hist = [{"role": "user", "content": "What is 2+3?"},
+                    {"role": "assistant", "content": [{"type": "thinking", "thinking": "add 2 and 3", "signature": ""},
+                                                      {"type": "tool_use", "id": "c1", "name": "add",
+                                                       "input": {"a": 2, "b": 3}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "5"}]}]
+            r = httpx.post(g.url + "/v1/messages", json={"model": "m", "max_tokens": 4, "messages": hist}, timeout=60)
             assert r.status_code == 200, r.text
             g.store.flush()
             last = max((t for _, ts in g.store.iter_sessions() for t in ts), key=lambda t: t.created_at)

@@ -29,7 +29,11 @@ vocabulary), `thinking` other than disabled, `output_config.effort`, `speed: fas
 `inference_geo`, `container`, `mcp_servers`, `context_management`, `diagnostics`,
 `user_profile_id`, `workspace_id`, server tools (any tool `type` but `custom`), tool fields that
 change how a tool is called (`defer_loading`, `allowed_callers`, `input_examples`,
-`eager_input_streaming`), `document`/`search_result`/`thinking`/server-tool blocks, citations.
+`eager_input_streaming`), `document`/`search_result`/`redacted_thinking`/server-tool blocks, citations.
+A thinking model's reasoning (chat's `reasoning_content`) is a `thinking` block before the text and
+the `tool_use` blocks (`thinking_delta` events while it streams; its `signature` is empty: nothing
+signs it); a `thinking` block in an assistant turn of the history is that turn's `reasoning_content`,
+for the chat template to render or drop.
 `cache_control` (anywhere) is accepted with no effect: it is a billing hint, and the engines
 cache prefixes on their own. `anthropic-version` and `anthropic-beta` headers are accepted; a
 beta feature's body fields are refused as above. `service_tier` auto/standard_only: one tier.
@@ -165,10 +169,14 @@ def _user_turn(blocks: list[tuple[dict[str, Any], str]], names: dict[str, str]) 
 
 
 def _assistant_turn(blocks: list[tuple[dict[str, Any], str]], names: dict[str, str]) -> dict[str, Any]:
-    parts, calls = [], []
+    parts, calls, thinking = [], [], []
     for b, p in blocks:
         if b["type"] == "text":
             parts.append(_part(b, p, ("text",)))
+        elif b["type"] == "thinking":
+            if not isinstance(b.get("thinking"), str):
+                raise bad_value(f"{p}.thinking: Input should be a valid string.", f"{p}.thinking", code="invalid_type")
+            thinking.append(b["thinking"])
         elif b["type"] == "tool_use":
             _check_keys(b, ("type", "id", "name", "input", "caller"), p)
             if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
@@ -184,6 +192,8 @@ def _assistant_turn(blocks: list[tuple[dict[str, Any], str]], names: dict[str, s
     msg: dict[str, Any] = {"role": "assistant", "content": parts or (None if calls else "")}
     if calls:
         msg["tool_calls"] = calls
+    if thinking:
+        msg["reasoning_content"] = "".join(thinking)
     return msg
 
 
@@ -402,6 +412,8 @@ async def serve_messages(gw: Gateway, request: Request) -> Response:
     choice = out["choices"][0]
     msg = choice["message"]
     content: list[dict[str, Any]] = []
+    if msg.get("reasoning_content"):
+        content.append({"type": "thinking", "thinking": msg["reasoning_content"], "signature": ""})
     if msg.get("content") or not msg.get("tool_calls"):
         content.append({"type": "text", "text": msg.get("content") or ""})
     content += [_tool_use(c) for c in msg.get("tool_calls") or []]
@@ -437,7 +449,9 @@ class _StreamTranslator:
         self.first: dict[str, Any] | None = None
         self.blocks = 0
         self.open: str | None = None
-        """The kind of the block being streamed ("text" or a tool call's chat index), None between blocks."""
+        """The kind of the block being streamed ("thinking", "text" or a tool call's chat index), None between."""
+        self.thought = 0
+        """1 once a thinking block was streamed (it is not the answer's block)."""
         self.text: list[str] = []
         self.ids: list[int] = []
         self.logprobs: list[float] = []
@@ -465,6 +479,11 @@ class _StreamTranslator:
             self.ids += ch.get("token_ids") or []
             self.logprobs += ch.get("token_logprobs") or []
             delta = ch.get("delta") or {}
+            if delta.get("reasoning_content"):
+                out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+                self.thought = 1
+                out.append(_event("content_block_delta", index=self.blocks - 1,
+                                  delta={"type": "thinking_delta", "thinking": delta["reasoning_content"]}))
             if delta.get("content"):
                 out += self._open("text", {"type": "text", "text": ""})
                 self.text.append(delta["content"])
@@ -496,7 +515,8 @@ class _StreamTranslator:
         return [_event("content_block_stop", index=self.blocks - 1)]
 
     def finish(self) -> list[str]:
-        out = [] if self.blocks else self._open("text", {"type": "text", "text": ""})  # an empty answer has its block
+        # an empty answer has its block
+        out = [] if self.blocks > self.thought else self._open("text", {"type": "text", "text": ""})
         out += self._close()
         reason, seq = stop_of(self.gw, self.finish_reason, "".join(self.text), self.ids, self.req.stops)
         usage = {"input_tokens": self.usage.get("prompt_tokens", 0), "output_tokens": self.usage.get(
