@@ -177,7 +177,7 @@ def main() -> int:
             stats = trainer.step(samples, served_version=engine.policy_version)
             asyncio.run(engine.publish(trainer.served_state_dict(), trainer.version))
             row.update({"samples": len(samples), "train_s": round(time.monotonic() - t1, 1),
-                        **{k.split("/", 1)[1]: round(v, 4) for k, v in stats.items() if k in KEPT}})
+                        **{k.split("/", 1)[1]: float(f"{v:.4g}") for k, v in stats.items() if k in KEPT}})
             curve.append(row)
             print(json.dumps(row), flush=True)
     finally:
