@@ -49,3 +49,28 @@ def test_reasoning_in_export_and_import(tmp_path):
     path.write_text(json.dumps({"session_id": "s", "turns": [{**d, "reasoning_end": 9}]}) + "\n")
     with pytest.raises(ImportError_, match="reasoning_end"):
         parse_sessions(path)
+
+
+def test_linking_ignores_the_reasoning_a_client_sends_back(tmp_path):
+    """The served answer is the content; a client that sends its reasoning back as `reasoning_content`,
+    folded into the content as `<think>…</think>`, or not at all, continues the same turn."""
+    from clawloop.gateway.capture import Capture
+
+    store = SQLiteStore(tmp_path / "c.db")
+    cap = Capture(store)
+    try:
+        q = [{"role": "user", "content": "2+3?"}]
+        for i, echoed in enumerate([{"role": "assistant", "content": "5", "reasoning_content": "add them"},
+                                    {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n5"},
+                                    {"role": "assistant", "content": "5"}]):
+            first = cap.begin(None, "main", q + [{"role": "user", "content": f"n{i}"}], False)
+            cap.finish(first, [Turn(session_id=first.session_id, index=first.index, response_text="5",
+                                    response_ids=[1], response_logprobs=[-0.1], reasoning="add them",
+                                    reasoning_end=0)])
+            nxt = cap.begin(None, "main", q + [{"role": "user", "content": f"n{i}"}, echoed,
+                                               {"role": "user", "content": "thanks"}], False)
+            assert nxt.session_id == first.session_id and nxt.index == 1
+            store.flush()
+            assert store.session_turns(first.session_id)[0].next_state == {"role": "user", "content": "thanks"}
+    finally:
+        store.close()

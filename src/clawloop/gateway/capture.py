@@ -19,8 +19,9 @@ is the `next_state` of — the linking rule, deterministic:
 1. History. If the request's history (its messages before the trailing
    user/tool messages) ends with an answer this session was served — the hash
    of that turn's request messages plus its answer (content, or the tool
-   calls' names and arguments; whitespace, tool-call ids and JSON key order
-   do not count; numbers compare as a JSON client re-serialises them, `1.0`
+   calls' names and arguments; whitespace, tool-call ids, JSON key order and a
+   thinking model's reasoning — `reasoning_content`, or `<think>…</think>`
+   folded back into the content — do not count; numbers compare as a JSON client re-serialises them, `1.0`
    as `1`, an integer past 2^53 as its double) — that turn gets it, unless it
    has one already (a sibling request continuing the same turn, or a retry,
    links nothing). An empty answer (no text, no calls) that the client left
@@ -80,6 +81,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clawloop.gateway.parsers import strip_inline_reasoning
 from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
 from clawloop.store import Store
 
@@ -146,6 +148,8 @@ def _canon(m: dict[str, Any]) -> bytes:
         body = m.get("content") or ""
         if not isinstance(body, str):
             body = json.dumps(body, sort_keys=True)
+        elif role == "assistant":  # reasoning a client folded back into the content is not the answer
+            body = strip_inline_reasoning(body)
         body = body.strip()
     b = body.encode("utf-8", "surrogatepass")
     return f"{role}\x00{len(b)}\x00".encode() + b
