@@ -123,12 +123,39 @@ def serve(a: argparse.Namespace) -> int:
 USAGE = re.compile(rb'"completion_tokens":(\d+)')
 
 
+class Connection(RawConnection):
+    """RawConnection, but a chunked (streamed) body is read in large reads up to its last chunk instead of
+    chunk by chunk: the client's cost per streamed token stays far below the gateway's. The body comes
+    back with its chunk framing (the bench only looks for the usage and `[DONE]` in it)."""
+
+    async def post(self, path: str, payload: bytes, headers: dict[str, str]) -> bytes:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(payload)}\r\n{head}\r\n".encode() + payload)
+        r = self.reader
+        status, *lines = (await r.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        if " 200 " not in status + " ":
+            raise RuntimeError(f"HTTP error: {status}")
+        fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines if ln)}
+        if "content-length" in fields:
+            return await r.readexactly(int(fields["content-length"]))
+        body = bytearray()
+        while not body.endswith(b"\r\n0\r\n\r\n"):
+            data = await r.read(1 << 20)
+            if not data:
+                raise RuntimeError("connection closed mid-stream")
+            body += data
+        return bytes(body)
+
+
 async def load(port: int, n: int, conc: int, max_tokens: int, stream: bool) -> dict[str, float]:
     body = {"model": "m", "messages": MESSAGES, "max_tokens": max_tokens, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     payload = json.dumps(body).encode()
-    pool = [RawConnection(port) for _ in range(conc)]
+    pool = [Connection(port) for _ in range(conc)]
     lat: list[float] = []
     tokens = 0
     nxt = 0
@@ -143,7 +170,7 @@ async def load(port: int, n: int, conc: int, max_tokens: int, stream: bool) -> d
                 data = await conn.post("/v1/chat/completions", payload, {"X-Session-Id": f"ceil-{i % (4 * conc)}"})
                 lat.append(time.perf_counter() - t)
                 m = USAGE.findall(data[-400:] if stream else data)
-                if not m or (stream and not data.rstrip().endswith(b"data: [DONE]")):
+                if not m or (stream and b"data: [DONE]" not in data[-64:]):
                     raise RuntimeError(f"bad reply: {data[-300:]!r}")
                 tokens += int(m[-1])
         finally:
@@ -184,32 +211,74 @@ class Gateway:
             stop(self.stub)
 
 
-def profile(gw: Gateway, port: int, conc: int, stream: bool, max_tokens: int, seconds: float) -> str:
-    """py-spy samples of the gateway under load: the top functions by own time and by total time."""
+# Where a sample's time goes: the first of these, from the innermost frame outwards, whose pattern is in
+# the frame's file or function (so a tokenizer call made by the renderer counts as rendering).
+CATEGORIES = [
+    ("store writer thread", ("store/", "sqlite3", "writer.py")),
+    ("detokenize + stop/tool text", ("Detokenizer", "TextStream", "ToolStream", "gateway/parsers/")),
+    ("render prompt (chat template, tokenize)", ("render_messages", "PromptRenderer", "chat_template")),
+    ("parse request", ("gateway/protocol.py",)),
+    ("capture (sessions, linking)", ("gateway/capture.py",)),
+    ("engine client (httpx, SSE parsing)", ("httpx/", "httpcore/", "anyio/", "engines/vllm.py", "engines/replicas.py")),
+    ("engine (bench, in-process)", ("engines/bench.py",)),
+    ("JSON (chunks, replies)", ("orjson", "json/encoder", "json/__init__", "InFlight.chunk", "_delta_chunk",
+                                "render (starlette", "FastJSONResponse")),
+    ("serving + endpoint (record, queue, drain)", ("gateway/serving.py", "gateway/chat.py", "gateway/app.py")),
+    ("HTTP server (uvicorn, starlette, fastapi)", ("uvicorn/", "starlette/", "fastapi/", "h11")),
+    ("event loop (uvloop, asyncio)", ("asyncio/", "runners.py", "uvloop")),
+]
+
+
+def categorize(frames: list[str]) -> str:
+    for f in reversed(frames):
+        for name, pats in CATEGORIES:
+            if any(p in f for p in pats):
+                return name
+    return "other"
+
+
+def profile(gw: Gateway, port: int, conc: int, stream: bool, max_tokens: int, seconds: float) -> tuple[str, dict]:
+    """py-spy samples of the gateway under load: where they go by category (`CATEGORIES`), and the top
+    functions by own time and by total time."""
     out = Path(gw.data) / "profile.txt"
     spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(gw.proc.pid), "-f", "raw",
-                            "-o", str(out), "-d", str(int(seconds)), "-r", "200", "--nonblocking"],
+                            "-o", str(out), "-d", str(int(seconds)), "-r", "100", "--nonblocking"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)
     t_end = time.time() + seconds
+    c0, tokens = cpu_s(gw.proc.pid), 0
     while time.time() < t_end:
-        asyncio.run(load(port, max(conc * 2, 64), conc, max_tokens, stream))
-    spy.wait(timeout=60)
+        tokens += asyncio.run(load(port, max(conc * 2, 64), conc, max_tokens, stream))["tokens"]
+    us_per_token = (cpu_s(gw.proc.pid) - c0) * 1e6 / max(1, tokens)
+    try:
+        spy.wait(timeout=seconds + 120)
+    except subprocess.TimeoutExpired:  # py-spy stuck (a starved machine): no profile rather than no results
+        spy.kill()
+        spy.wait()
+        return "py-spy did not finish", {}
     own: collections.Counter = collections.Counter()
     total: collections.Counter = collections.Counter()
+    cats: collections.Counter = collections.Counter()
     n = 0
     for line in out.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        frames = [f.split(" (")[0] + " " + f.split("/")[-1].rstrip(")") if "(" in f else f for f in stack.split(";")]
+        raw = stack.split(";")
+        if raw and raw[0].startswith("thread "):
+            raw = raw[1:]
+        frames = [f.split(" (")[0] + " " + f.split("/")[-1].rstrip(")") if "(" in f else f for f in raw]
         c = int(count)
         n += c
         own[frames[-1]] += c
+        cats[categorize(raw)] += c
         for f in set(frames):
             total[f] += c
-    lines = [f"py-spy: {n} samples"]
-    lines += ["own time:"] + [f"  {100 * c / n:5.1f}%  {f}" for f, c in own.most_common(25)]
-    lines += ["total time (incl. callees):"] + [f"  {100 * c / n:5.1f}%  {f}" for f, c in total.most_common(45)]
-    return "\n".join(lines)
+    n = max(n, 1)
+    lines = [f"py-spy: {n} samples (threads with work; idle waits left out), gateway CPU {us_per_token:.1f} µs/token "
+             f"over the profile; by category (share of samples, and that share of the µs/token):"]
+    lines += [f"  {100 * c / n:5.1f}%  {us_per_token * c / n:5.1f} µs  {k}" for k, c in cats.most_common()]
+    lines += ["own time:"] + [f"  {100 * c / n:5.1f}%  {f}" for f, c in own.most_common(20)]
+    lines += ["total time (incl. callees):"] + [f"  {100 * c / n:5.1f}%  {f}" for f, c in total.most_common(30)]
+    return "\n".join(lines), {"us_per_token": us_per_token, "categories": {k: c / n for k, c in cats.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paths", default="bench,vllm")
     ap.add_argument("--modes", default="plain,stream")
     ap.add_argument("--tokens-per-step", type=int, default=1, help="tokens per engine event (1: the hardest case)")
-    ap.add_argument("--min-requests", type=int, default=32, help="requests per case: max(this, 2 x concurrency)")
+    ap.add_argument("--min-requests", type=int, default=32, help="requests per case: max(this, R x concurrency)")
+    ap.add_argument("--per-client", type=int, default=2, help="R above: requests per client connection and case")
     ap.add_argument("--stream-interval-ms", type=float, default=0.0,
                     help="serve.stream_interval_ms of the 'now' gateways (not passed to --rev's)")
     ap.add_argument("--also-interval", type=float, default=0.0,
@@ -272,9 +342,13 @@ def main(argv: list[str] | None = None) -> int:
                     asyncio.run(load(port, 16, 4, a.max_tokens, True))  # warm up
                     for conc in levels:
                         for mode in modes:
-                            n = max(a.min_requests, 2 * conc)
+                            n = max(a.min_requests, a.per_client * conc)
                             c0 = cpu_s(gw.proc.pid)
-                            r = asyncio.run(load(port, n, conc, a.max_tokens, mode == "stream"))
+                            try:
+                                r = asyncio.run(load(port, n, conc, a.max_tokens, mode == "stream"))
+                            except RuntimeError as e:  # e.g. a 503: the stub starved past its health checks
+                                print(f"round {rnd} {build} {path} {mode} c{conc}: failed: {e}", flush=True)
+                                continue
                             r["cpu_us_per_token"] = (cpu_s(gw.proc.pid) - c0) * 1e6 / max(1, r["tokens"])
                             r["gw_cores"] = (cpu_s(gw.proc.pid) - c0) / r["wall_s"]
                             results[(build, path, mode, conc)].append(r)
@@ -300,10 +374,13 @@ def main(argv: list[str] | None = None) -> int:
                 line = f"{path:>5} {mode:>6} {conc:>4} "
                 for build, _ in builds:
                     rs = results[(build, path, mode, conc)]
+                    if not rs:
+                        line += f"| {'failed':>40} "
+                        continue
                     med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                     med["ceiling_tok_s"] = 1e6 / med["cpu_us_per_token"]
-                    if base and build != base:
-                        pairs = list(zip(rs, results[(base, path, mode, conc)]))
+                    pairs = list(zip(rs, results[(base, path, mode, conc)])) if base and build != base else []
+                    if pairs:
                         med["tok_s_ratio"] = statistics.median(n["tok_s"] / o["tok_s"] for n, o in pairs)
                         med["cpu_ratio"] = statistics.median(n["cpu_us_per_token"] / o["cpu_us_per_token"]
                                                              for n, o in pairs)
@@ -314,10 +391,11 @@ def main(argv: list[str] | None = None) -> int:
                         line += f"({med['tok_s_ratio']:.2f}x, {med['cpu_ratio']:.2f}x) "
                 rows.append(row)
                 print(line)
-    for name, text in profiles.items():
+    for name, (text, _) in profiles.items():
         print(f"\n== profile {name}\n{text}")
     print(json.dumps({"bench": "gateway_ceiling", "max_tokens": a.max_tokens, "tokens_per_step": a.tokens_per_step,
-                      "rounds": a.rounds, "rev": a.rev, "results": rows}))
+                      "rounds": a.rounds, "rev": a.rev, "results": rows,
+                      "profiles": {k: v for k, (_, v) in profiles.items()}}))
     return 0
 
 
