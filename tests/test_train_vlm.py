@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 
 import pytest
 import torch
@@ -176,3 +177,20 @@ def test_full_checkpoint_of_a_vlm_round_trips(vlm_dir, tmp_path):
     load_checkpoint(b, path)
     sa, sb = a.served_state_dict(), b.served_state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_opd_on_image_turns_trains_their_rl_signal_and_counts_them_untaught(gw, own_engine, vlm_dir, tmp_path):
+    """OPD gives image samples no teacher yet (the hinted prompt would need its placeholders expanded): a
+    combine step on hinted image turns trains their RL signal, the text turns get the teacher, and the
+    image ones are counted."""
+    from clawloop.trainer import Trainer
+
+    cfg = make_cfg(vlm_dir, tmp_path / "data", train__method="combine", train__lr="1e-3",
+                   train__negative_weight="1")
+    trainer = Trainer(cfg, str(vlm_dir))
+    samples = samples_of(serve(gw, "o", seed=7))
+    for s in samples:
+        s.hint = "Click the OK button."
+    stats = trainer.step(samples, served_version=own_engine.policy_version)
+    assert stats["train/hint_image_samples_untaught"] == 4 and stats["train/samples"] == 6
+    assert stats["train/logprob_diff_abs_max"] < TOL and math.isfinite(stats["train/loss"])

@@ -510,7 +510,9 @@ class Trainer:
                  for s in samples]
         hints = [longest_hint(c) for c in cands]
         multi = [i for i, c in enumerate(cands) if len(c) > 1]
-        stats = {"train/hint_multi_candidate_samples": float(len(multi))}
+        untaught = sum(1 for s in samples if self._has_images(s) and hint_candidates(s))
+        stats = {"train/hint_multi_candidate_samples": float(len(multi)),
+                 "train/hint_image_samples_untaught": float(untaught)}  # hinted, but no teacher for images yet
         if self.tc.hint_selection != "overlap" or not multi:
             return hints, stats
         student = self.score_responses(self.model, [(samples[i].tokens[:samples[i].prompt_len],
