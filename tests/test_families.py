@@ -90,6 +90,12 @@ def test_thinking_and_tool_calls_serve_capture_judge_train_publish(fam, tmp_path
         assert call.function.name == "add" and set(json.loads(call.function.arguments)) == {"a", "b"}
         assert ch.finish_reason == "tool_calls"
         reasoning = (ch.message.model_extra or {}).get("reasoning_content")
+        details = r.usage.completion_tokens_details  # how many ids were reasoning, `</think>` included
+        if want_reasoning:
+            end = tok.convert_tokens_to_ids("</think>")
+            assert details.reasoning_tokens == ch.model_extra["token_ids"].index(end) + 1
+        else:
+            assert details is None
         ids = ch.model_extra["token_ids"]
         text = tok.decode(ids, skip_special_tokens=False)
         if want_reasoning:

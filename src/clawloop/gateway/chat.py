@@ -252,10 +252,14 @@ class ChatCompletion(InFlight):
             self.gw.capture.abandon(self.slot)
 
     # -- bodies --------------------------------------------------------------
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         completion = self.completion_tokens()
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
-                "total_tokens": len(self.prompt_ids) + completion}
+        u: dict[str, Any] = {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
+                             "total_tokens": len(self.prompt_ids) + completion}
+        if self.gw.reasoning_parser is not None:  # a thinking model: how many of them were reasoning
+            u["completion_tokens_details"] = {"reasoning_tokens": sum(
+                reasoning_end(self.gw.tok, c.ids, c.text.split, self.gw.reasoning_parser) or 0 for c in self.samples)}
+        return u
 
     def usage_version(self) -> int:
         return self._version(self.samples[0])

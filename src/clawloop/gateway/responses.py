@@ -349,7 +349,9 @@ def _usage(u: dict[str, Any] | None) -> dict[str, Any] | None:
     if u is None:
         return None
     return {"input_tokens": u["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": u["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": u["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": (u.get("completion_tokens_details") or {}).get(
+                "reasoning_tokens", 0)},
             "total_tokens": u["total_tokens"]}
 
 
