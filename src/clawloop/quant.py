@@ -9,9 +9,10 @@ One loader for both sides, so serving and training compute the same thing from t
 - on CPU, bitsandbytes 0.50 repacks a layer's weights for its AVX512-BF16 inference kernel the first time the
   layer runs in eval mode without grad, and from then on computes it in bfloat16 through a path autograd
   does not see (`matmul_4bit` returns the kernel's output with no backward). A trainer that scored a
-  batch under no_grad would then train nothing below that layer, and an engine so packed drifts from
-  the trainer by up to 0.12 nat on the tiny model (bench/RESULTS.md). `_keep_unpacked` switches that
-  repack off on every 4-bit layer of both models.
+  batch under no_grad would then fail in its next backward (a layer with a bias: an in-place add on a
+  leaf) or pass no gradient below the layer (one without), and an engine so packed drifts from the
+  trainer by 0.015 nat on average, 0.13 at most, on the tiny model (bench/RESULTS.md). `_keep_unpacked`
+  switches that repack off on every 4-bit layer of both models.
 
 bitsandbytes is an optional dependency (`pip install -e '.[qlora]'`; `.[dev]` has it): imported lazily,
 a missing one is a ConfigError naming the extra.
