@@ -1,7 +1,11 @@
 """A short GUI learning run on MiniWoB++: rollouts through the gateway, one train step per round, publish.
 
-    nice -n 10 .venv/bin/python bench/gui_learning.py --policy text --rounds 12          # the tiny chat model, DOM
-    nice -n 10 .venv/bin/python bench/gui_learning.py --policy vlm --observation both     # the tiny random Qwen2-VL
+    # as in bench/RESULTS.md: the tiny chat model on the element list, then the tiny random Qwen2-VL on both
+    nice -n 10 .venv/bin/python bench/gui_learning.py --policy text --tasks click-test --group 4 --oracle 2 \
+        --max-steps 1 --rounds 10 --minutes 10 --out bench/gui_learning_text.json
+    nice -n 10 .venv/bin/python bench/gui_learning.py --policy vlm --observation both --tasks click-test \
+        --group 4 --oracle 2 --max-steps 1 --rounds 6 --minutes 5 --tool-choice auto --no-constrain \
+        --out bench/gui_learning_vlm.json
 
 Real parts only, in one process: the hf engine on the policy, the gateway (capture on, images stored under the
 data dir) served by uvicorn on 127.0.0.1, the `gui` track's `AgentRollout` (what `clawloop buffer` runs) with
