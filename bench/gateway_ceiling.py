@@ -196,14 +196,22 @@ class Gateway:
             self.stub = subprocess.Popen([sys.executable, str(ROOT / "bench/vllm_stub.py"), "--model", model,
                                           "--port", str(stub_port), "--tokens-per-step", str(tokens_per_step)],
                                          env=dict(env, PYTHONPATH=str(ROOT / "src")), stdout=subprocess.DEVNULL)
-            wait_http(f"http://127.0.0.1:{stub_port}/health", self.stub)
+            try:
+                wait_http(f"http://127.0.0.1:{stub_port}/health", self.stub)
+            except BaseException:
+                stop(self.stub)
+                raise
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve", "--path", path, "--model", model,
                                       "--data-dir", self.data, "--port", str(port),
                                       "--stub-url", f"http://127.0.0.1:{stub_port}",
                                       "--tokens-per-step", str(tokens_per_step),
                                       "--stream-interval-ms", str(interval_ms)], env=env,
                                      stdout=subprocess.DEVNULL)
-        wait_http(f"http://127.0.0.1:{port}/health", self.proc)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health", self.proc)
+        except BaseException:  # nothing of ours left running when a gateway does not come up
+            self.close()
+            raise
 
     def close(self) -> None:
         stop(self.proc)
