@@ -8,6 +8,7 @@ consecutive requests of it, and two conversations run at once.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -122,6 +123,27 @@ def test_one_session_spread_over_three_gateway_processes_links_every_turn(random
         assert store.stats()["turns"] == 12
     finally:
         store.close()
+    # export from the server, import into a SQLite store, export again: the same lines (export/import unchanged)
+    from clawloop.trajectories import export_sessions, import_sessions
+    from conftest import make_cfg
+
+    assert export_sessions(tmp_path, str(tmp_path / "pg.jsonl"), store_url=pg_url) == 2
+    lite = make_cfg(random_model_dir, tmp_path / "lite")
+    assert import_sessions(lite, tmp_path / "pg.jsonl") == (2, 12)
+    assert export_sessions(lite.data_dir, str(tmp_path / "lite.jsonl")) == 2
+
+    def lines(path: Path) -> list[dict]:
+        out = [json.loads(x) for x in path.read_text().splitlines()]
+        for s in out:
+            for t in s["turns"]:  # what import itself decides, whatever the store: it closes each session
+                t.pop("final", None)  # (its last main turn final) and does not read finish reasons back
+                t.pop("finish_reason", None)
+        return out
+
+    pg_lines, lite_lines = lines(tmp_path / "pg.jsonl"), lines(tmp_path / "lite.jsonl")
+    diff = [(s["session_id"], k) for s, s2 in zip(pg_lines, lite_lines) for t, t2 in zip(s["turns"], s2["turns"])
+            for k in set(t) | set(t2) if t.get(k) != t2.get(k)]
+    assert pg_lines == lite_lines, diff
 
 
 def _children(pid: int) -> list[int]:

@@ -268,7 +268,7 @@ def test_bad_store_url_or_server_is_a_config_error_naming_the_key(pg_server, tmp
 
 
 @pytest.mark.postgres
-def test_import_two_judges_and_a_trainer_restart_use_every_turn_once(random_model_dir, pg_url, tmp_path):
+def test_import_two_judges_and_a_trainer_restart_use_every_turn_once(random_model_dir, pg_url, tmp_path, capsys):
     """`clawloop import` into the server, two judge processes' stores judging at once, the trainer for 3
     steps, a restart from its checkpoint, the rest: every judged turn trains exactly once, through the
     cursor kept in the server."""
@@ -311,6 +311,13 @@ def test_import_two_judges_and_a_trainer_restart_use_every_turn_once(random_mode
         th.join()
     for st in judges:
         st.close()
+    from clawloop.cli import main
+    from clawloop.trajectories import export_sessions
+
+    assert main(["status", "--store", pg_url, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["turns"], status["sessions"], status["judgements"], status["judges_pending"]) == (n, n, n, {name: 0})
+    assert export_sessions(tmp_path, str(tmp_path / "pg.jsonl"), store_url=pg_url) == n
     store = open_cfg_store(cfg)
     try:
         judged = {t.id for _, t, _ in store.judged_turns(name, 0, 10 * n)}
