@@ -1,0 +1,32 @@
+"""How often real clients' structured calls finish on a served model (issue #28 item 5): the calls of
+tests/test_shipped_clients.py, greedy plus seeds 0-9, against `clawloop serve` of the shipped tiny model
+(or the model folder given as the first argument).
+
+    .venv/bin/python bench/shipped_clients.py [MODEL_DIR]
+"""
+import os, subprocess, sys, tempfile, time
+import httpx
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import test_shipped_clients as t
+from conftest import free_port
+port = free_port(); data = tempfile.mkdtemp(prefix="shipped-clients-")
+p = subprocess.Popen([sys.executable, "-m", "clawloop.cli", "serve", "--data-dir", data, "--port", str(port)] + (["--model-path", sys.argv[1]] if len(sys.argv) > 1 else []), stdout=open(os.path.join(data, "serve.log"), "w"), stderr=subprocess.STDOUT)
+url = f"http://127.0.0.1:{port}"
+try:
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200: break
+        except httpx.HTTPError: pass
+        time.sleep(0.2)
+    def tool(seed):
+        msg = t._chat_model(url, seed).bind_tools([t.CALC], tool_choice="calculator").invoke("What is 12+7?")
+        (tc,) = msg.tool_calls; assert isinstance(tc["args"]["expression"], str); return tc["args"]
+    def so(method, model):
+        return lambda seed: t._chat_model(url, seed).with_structured_output(model, method=method).invoke("What is 12+7?")
+    t.SEEDS = range(10)
+    for name, fn in [("named tool_choice", tool), ("json_schema Sum", so("json_schema", t.Sum)), ("function_calling Sum", so("function_calling", t.Sum)),
+                     ("json_schema Verdict", so("json_schema", t.Verdict)), ("function_calling Verdict", so("function_calling", t.Verdict))]:
+        ok, errs = t._tally(fn)
+        print(f"{name}: {ok}/11 (greedy + seeds 0-9)", errs[:2], flush=True)
+finally:
+    p.terminate(); p.wait(30)
