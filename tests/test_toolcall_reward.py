@@ -99,6 +99,18 @@ def test_shaped_reward_by_hand(run):
     assert r == 1.0 and steps == [1.0, 1.0]
 
 
+def test_partial_credit_off_pays_only_correct_calls(run):
+    """`reward_call_partial: 0`: a near call earns nothing for its closeness; a correct one the same as before."""
+    exact = RewardShaping.from_data({"reward": "shaped", "reward_call_partial": 0})
+    assert exact.partial == 0.0
+    r, steps, _ = run(call("52+6"), say("The answer is 58."), shaping=exact)
+    assert r == pytest.approx(-1.05 + 0.5) and steps == pytest.approx([-1.05, -1.05 + 0.5])
+    r, steps, _ = run(call("52+60"), say("The answer is 112."), shaping=exact)
+    assert r == pytest.approx(2.5) and steps == pytest.approx([2.0, 1.5])
+    r, _, _ = run(call("59+5"), call("52+60"), say("The answer is 112."), shaping=exact)
+    assert r == pytest.approx(1 + 0.5 + 0.5)  # the mean over calls, (0 + 1) / 2
+
+
 def test_shaped_reward_prefers_using_the_tool_outcome_does_not(run):
     """What the tiny model taught GRPO (bench/RESULTS.md): right answers come from answering directly,
     calls carry wrong operands. A reward that keeps the tool must rank (1) a right answer through a

@@ -156,7 +156,7 @@ REWARD_MODES = ("outcome", "shaped")
 @dataclass
 class RewardShaping:
     """How the toolcall generator turns an episode into reward (payload keys `reward`, `reward_call_coef`,
-    `reward_use_coef`).
+    `reward_use_coef`, `reward_call_partial`).
 
     `outcome`: the environment's reward, the reference's (+1 / -1 and the failure shaping), on every step.
     `shaped`: the outcome plus `call_coef` x the calls' mean score (1 for a correct call, the argument's
@@ -169,6 +169,10 @@ class RewardShaping:
     """Reward for a correct call (its result is the answer); partial credit for a near one."""
     use_coef: float = 0.5
     """Reward for a final answer that is a tool's result (right or wrong): rely on the tool."""
+    partial: float = 1.0
+    """Weight of a near call's partial credit (0: only a correct call scores). Partial credit pays the
+    policy for calls *like* the right one, and a model that copies one operand and guesses the other
+    climbs it while its exact calls fall (RESULTS: call score 0.77 -> 0.80, correct calls 0.14 -> 0.02)."""
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> "RewardShaping":
@@ -177,7 +181,10 @@ class RewardShaping:
             raise ValueError(f"reward must be one of {', '.join(REWARD_MODES)}, got {mode!r}")
         d = cls()
         return cls(mode, float(data.get("reward_call_coef", d.call_coef)),
-                   float(data.get("reward_use_coef", d.use_coef)))
+                   float(data.get("reward_use_coef", d.use_coef)), float(data.get("reward_call_partial", d.partial)))
+
+    def _credit(self, score: float) -> float:
+        return score if score >= 1.0 else self.partial * score
 
     def __call__(self, outcome: float, details: dict[str, Any], step_infos: list[dict[str, Any]]
                  ) -> tuple[float, list[float], dict[str, Any]]:
@@ -185,9 +192,12 @@ class RewardShaping:
         if self.mode == "outcome":
             return outcome, [outcome] * len(step_infos), {"mode": self.mode}
         call, used = float(details["call_score"]), bool(details["answer_from_tool"])
+        if self.partial != 1.0:
+            every = [self._credit(float(c["score"])) for info in step_infos for c in info.get("calls") or []]
+            call = sum(every) / len(every) if every else 0.0
         steps = []
         for info in step_infos:
-            scores = [float(c["score"]) for c in info.get("calls") or []]
+            scores = [self._credit(float(c["score"])) for c in info.get("calls") or []]
             if scores:
                 steps.append(outcome + self.call_coef * sum(scores) / len(scores))
             elif info.get("end_reason") == "answered":
@@ -196,7 +206,7 @@ class RewardShaping:
                 steps.append(outcome)
         reward = outcome + self.call_coef * call + self.use_coef * used
         return reward, steps, {"mode": self.mode, "call_coef": self.call_coef, "use_coef": self.use_coef,
-                               "call_score": call, "answer_from_tool": used}
+                               "partial": self.partial, "call_score": call, "answer_from_tool": used}
 
 
 def load_tools_config(path: str) -> tuple[list[dict[str, Any]], str | None, dict[str, str]]:
