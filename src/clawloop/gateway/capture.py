@@ -21,8 +21,8 @@ is the `next_state` of — the linking rule, deterministic:
    of that turn's request messages plus its answer (content, or the tool
    calls' names and arguments; whitespace, tool-call ids, JSON key order and a
    thinking model's reasoning — `reasoning_content`, or `<think>…</think>`
-   folded back into the content — do not count; numbers compare as a JSON client re-serialises them, `1.0`
-   as `1`, an integer past 2^53 as its double) — that turn gets it, unless it
+   folded back into the content — do not count; numbers compare as a JSON
+   client re-serialises them, `1.0` as `1`, an integer past 2^53 as its double) — that turn gets it, unless it
    has one already (a sibling request continuing the same turn, or a retry,
    links nothing). An empty answer (no text, no calls) that the client left
    out of its history counts too: its request's messages followed by the
@@ -81,9 +81,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clawloop.gateway.protocol import APIError
 from clawloop.gateway.parsers import strip_inline_reasoning
 from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
-from clawloop.store import Store
+from clawloop.store import SharedSessions, Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +307,8 @@ class Capture:
         self.inferred_new = 0
         self.inferred_continued = 0
         self.reaped = 0
+        self.shared: SharedSessions | None = store if isinstance(store, SharedSessions) else None
+        """A store several gateways share: linking state lives there, not in the maps above (`_begin_shared`)."""
         self.aborted_at_start = store.abort_pending()
         if self.aborted_at_start:
             log.warning("capture: %d turn(s) were being generated when the last run ended; stored as aborted",
@@ -354,15 +357,21 @@ class Capture:
                     within.append(hasher.digest())
                 hasher.update(_canon(m))
             request = hasher.digest()
-            if k and cut > 0 and messages[cut - 1].get("role") == "assistant":
+            if self.shared is not None:  # the keys rule 1 looks up, in order (the same as below, in the store)
+                shared_keys = [prefix] if k and cut > 0 and messages[cut - 1].get("role") == "assistant" else []
+                shared_keys += [_dropped_key(d) for d in reversed(within)]
+            elif k and cut > 0 and messages[cut - 1].get("role") == "assistant":
                 entry = self._answers.get(prefix)
                 if entry is not None:
                     self._answers.move_to_end(prefix)
             # rule 1 for an empty answer the client dropped: the history is that turn's request
-            for d in reversed(within) if entry is None else ():
+            for d in reversed(within) if entry is None and self.shared is None else ():
                 entry = self._answers.get(_dropped_key(d))
                 if entry is not None:
                     break
+        if self.shared is not None:  # several gateways: the store reserves, finds the session and links
+            return self._begin_shared(session_id, turn_type, messages, done, shared_keys if main else [], hasher,
+                                      request, k, prompt_ids=prompt_ids, tools=tools, tenant=tenant, now=now)
         sid, anonymous, fresh = session_id, False, False
         if sid is None:
             if not main:
@@ -452,6 +461,8 @@ class Capture:
         run = slot._run
         if run is None or run.ended:
             return
+        if self.shared is not None:
+            return self._finish_shared(slot, run, turns)
         s = self._end(slot.session_id, run)
         rec = run.main
         if rec is not None:
@@ -511,6 +522,10 @@ class Capture:
             s.closing = reason
             return
         del self.sessions[session_id]
+        if self.shared is not None:  # the store knows the last main turn, whichever gateway served it
+            self.shared.close_shared(session_id, reason)
+            self.sessions_closed += 1
+            return
         rec = s.last_main
         final = rec.index if rec is not None and rec.state == _STORED and not rec.linked else None
         self.store.close_session(session_id, reason, final)
@@ -539,6 +554,8 @@ class Capture:
     def sweep(self, now: float | None = None) -> int:
         self.reap()
         now = time.time() if now is None else now
+        if self.shared is not None:
+            return self._sweep_shared(now)
         idle = [sid for sid, s in self.sessions.items()
                 if not s.running and now - s.last_seen >= self.idle_timeout_s]
         for sid in idle:
@@ -554,6 +571,84 @@ class Capture:
                     log.info("closed %d idle session(s)", n)
             except Exception:
                 log.exception("idle-session sweep failed")
+
+    # -- several gateways, one store (`SharedSessions`) ------------------------------
+    def _begin_shared(self, session_id: str | None, turn_type: str, messages: list[dict[str, Any]], done: bool,
+                      keys: list[bytes], hasher: Any, request: bytes, k: int, *, prompt_ids: list[int] | None,
+                      tools: list[dict[str, Any]] | None, tenant: str | None, now: float) -> TurnSlot:
+        """`begin` over a shared store: the index, the session of a header-less request and the link come
+        from one transaction of the store (`store/pg_linking.py`), so they are right whichever gateway
+        served the session's earlier requests. Memory keeps only this process's running requests."""
+        main = turn_type == TURN_MAIN
+        anonymous = session_id is None and not main
+        new_sid = None if session_id is not None else \
+            (f"anon-{uuid.uuid4().hex}" if anonymous else f"{INFERRED_PREFIX}{uuid.uuid4().hex}")
+        ns = echoed = None
+        if main and k:
+            last = messages[-1]
+            ns = {"role": last["role"], "content": last["content"]}
+            echoed = next((m.get("content") for m in reversed(messages) if m["role"] == "assistant"), None)
+        key = uuid.uuid4().hex
+        pending = Turn(session_id=session_id or "", index=0, type=turn_type, messages=messages, tools=tools,
+                       prompt_ids=prompt_ids if prompt_ids is not None else [], finish_reason="pending",
+                       policy_version=-1, trainable=False, request_id=key, tenant=tenant or "", created_at=now)
+        try:
+            claim = self.shared.claim_turn(pending, new_session_id=new_sid, answer_keys=keys,
+                                           request_hash=request if main else None, next_state=ns, echoed=echoed)
+        except StoreUnavailable as e:
+            log.error("capture: %s", e)
+            raise APIError(503, "The session store cannot be reached; retry shortly.", code="store_unavailable",
+                           headers={"Retry-After": "2"}) from None
+        sid, index = claim.session_id, claim.index
+        if session_id is None and main:
+            if claim.continued:
+                self.inferred_continued += 1
+            else:
+                self.inferred_new += 1
+        self.linked += int(claim.linked)
+        s = self.sessions.get(sid)
+        if s is None:
+            s = self.sessions[sid] = _Session(next_index=index + 1)
+        s.last_seen = now
+        s.closing = None
+        rec = _MainTurn(index, request) if main else None
+        run = _Run(index, key, close_after=done or anonymous, anonymous=anonymous, main=rec, prompt_ids=prompt_ids)
+        slot = TurnSlot(sid, index, turn_type, run.close_after, anonymous, key, self, run, hasher)
+        run.ref = weakref.ref(slot)
+        s.running[index] = run
+        return slot
+
+    def _finish_shared(self, slot: TurnSlot, run: _Run, turns: list[Turn]) -> None:
+        """`finish` over a shared store: the rows and the answers the client is about to see are committed
+        before this returns, so the client's next request finds them at any gateway."""
+        s = self._end(slot.session_id, run)
+        if turns:
+            answers: list[tuple[bytes, str]] = []
+            if run.main is not None and turns[0].trainable and slot._hasher is not None:
+                answers = [(_answer_key(slot._hasher, t), t.response_text) for t in turns]
+                if any(_is_empty(t) for t in turns):
+                    answers.append((_dropped_key(run.main.request), ""))
+            same = run.prompt_ids is not None and turns[0].prompt_ids == run.prompt_ids
+            self.shared.finish_claimed(turns, run.key, same, answers)
+            self.turns_captured += len(turns)
+        else:
+            self.store.abandon_turn(slot.session_id, run.index, run.key)
+        self._after_end(slot.session_id, s, run)
+
+    def _sweep_shared(self, now: float) -> int:
+        """Idle sessions are closed by the store (no request on any gateway for the idle timeout, none
+        running); this process forgets the ones it holds without running requests."""
+        for sid in [sid for sid, s in self.sessions.items()
+                    if not s.running and now - s.last_seen >= self.idle_timeout_s]:
+            del self.sessions[sid]
+        closed = self.shared.close_idle_sessions(now - self.idle_timeout_s)
+        closed.add_done_callback(self._count_closed)
+        self.shared.prune_answers(self.max_answers)
+        return 0
+
+    def _count_closed(self, fut: Any) -> None:
+        if not fut.cancelled() and fut.exception() is None and fut.result():
+            self.sessions_closed += int(fut.result())
 
     def stats(self) -> dict[str, float]:
         return {
