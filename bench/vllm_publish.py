@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -92,6 +93,7 @@ async def run(a: argparse.Namespace) -> dict:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         await engine.stop()
+        shutil.rmtree(data, ignore_errors=True)
     return {"rows": rows, "model_bytes": nbytes, "tally": tally}
 
 
