@@ -8,7 +8,8 @@ import argparse
 import pytest
 import yaml
 
-from clawloop.config import ConfigError, add_config_arguments, load_config, write_resolved
+from clawloop.config import ConfigError, add_config_arguments, load_config
+from clawloop.config_out import write_resolved
 
 
 def flags(*argv):

@@ -145,7 +145,9 @@ def test_metrics_auth_needs_a_key():
 def test_api_key_forms_and_masking(tmp_path):
     import yaml
 
-    from clawloop.config import api_key_tenants, load_config, write_resolved
+    from clawloop.config import load_config
+    from clawloop.config import api_key_tenants
+    from clawloop.config_out import write_resolved
 
     cfg = load_config({"serve__api_keys": ["alice=sk-a1", "sk-plain", "YWJjZA=="], "data_dir": str(tmp_path)},
                       env={"OPENCLAW_API_KEY": "ignored-when-a-flag-is-given"})

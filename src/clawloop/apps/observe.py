@@ -7,7 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from clawloop.config import Config, redacted
+from clawloop.config import Config
+from clawloop.config_out import redacted
 
 log = logging.getLogger("clawloop")
 

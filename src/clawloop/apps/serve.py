@@ -29,7 +29,8 @@ from clawloop.apps.observe import export_metrics, live_status
 from clawloop.apps.services import Parts, TrainerService
 from clawloop.apps.train import build_loop, build_ray_loop
 from clawloop.apps.workers import run_workers
-from clawloop.config import Config, ConfigError, write_resolved
+from clawloop.config import Config, ConfigError
+from clawloop.config_out import write_resolved
 from clawloop.engines import make_engine
 from clawloop.engines.base import HasActors, Relabels
 from clawloop.gateway import check_bind, create_app
