@@ -267,6 +267,22 @@ def test_empty_answer_left_out_of_the_history_gets_the_clients_nudge(tmp_path):
     store.close()
 
 
+def test_a_harness_context_block_after_the_reply_is_not_the_next_state(tmp_path):
+    """OpenClaw's default profile sends its runtime context as a user message after the user's reply:
+    the reply is the answered turn's next state (text or content parts)."""
+    store = SQLiteStore(tmp_path / "c.db")
+    cap = Capture(store)
+    s0 = cap.begin("oc", "main", Q, False)
+    cap.finish(s0, [_turn(s0, "19")])
+    block = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nactive exec sessions: none\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>"
+    s1 = cap.begin("oc", "main", Q + [{"role": "assistant", "content": "19"}, user("thanks! and 3+4?"),
+                                      {"role": "user", "content": [{"type": "text", "text": block}]}], False)
+    cap.finish(s1, [_turn(s1, "7")])
+    store.flush()
+    assert store.session_turns("oc")[0].next_state == {"role": "user", "content": "thanks! and 3+4?"}
+    store.close()
+
+
 def test_identical_headerless_conversations_most_recent_wins(tmp_path):
     store = SQLiteStore(tmp_path / "c.db")
     cap = Capture(store)

@@ -171,6 +171,28 @@ def _answer_key(hasher: Any, turn: Turn) -> bytes:
     return h.digest()
 
 
+INJECTED_CONTEXT_MARKERS = ("<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>",)
+"""Openings of messages an agent harness adds after the user's own (OpenClaw's default profile puts
+its runtime context, active exec sessions and subagents, in a user message after the reply): the
+reply, not that block, is the answered turn's next state."""
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _reaction(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The request's last trailing message that the user or a tool wrote: the next state."""
+    for m in reversed(messages):
+        if m.get("role") not in ("user", "tool"):
+            break
+        if not _text(m.get("content")).lstrip().startswith(INJECTED_CONTEXT_MARKERS):
+            return m
+    return messages[-1]
+
+
 def _dropped_key(request: bytes) -> bytes:
     """The key of an empty answer (no text, no calls) that a client leaves out of its history: it
     sends the same messages again with its reaction after them (OpenClaw: "The previous attempt
@@ -438,7 +460,7 @@ class Capture:
 
     def _link(self, sid: str, s: _Session, entry: _Answer | None, messages: list[dict[str, Any]],
               request: bytes) -> None:
-        last = messages[-1]
+        last = _reaction(messages)
         ns = {"role": last["role"], "content": last["content"]}
         if entry is not None:  # rule 1: the turn whose answer the history ends with
             target, echoed = entry.turn, entry.text
@@ -585,7 +607,7 @@ class Capture:
             (f"anon-{uuid.uuid4().hex}" if anonymous else f"{INFERRED_PREFIX}{uuid.uuid4().hex}")
         ns = echoed = None
         if main and k:
-            last = messages[-1]
+            last = _reaction(messages)
             ns = {"role": last["role"], "content": last["content"]}
             echoed = next((m.get("content") for m in reversed(messages) if m["role"] == "assistant"), None)
         key = uuid.uuid4().hex
