@@ -308,6 +308,7 @@ def test_run_judge_on_a_data_dir(tmp_path):
         probe = SQLiteStore(tmp_path / "data" / "clawloop.db")
         try:
             while probe.count_pending_judgement("offline"):
+                assert not task.done(), task.exception()  # a judge that died fails here, not by hanging
                 await asyncio.sleep(0.05)
         finally:
             stop.set()

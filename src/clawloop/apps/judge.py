@@ -11,7 +11,7 @@ from typing import Any
 from clawloop.apps.services import JudgeService
 from clawloop.config import Config, ConfigError
 from clawloop.judge import Judge, JudgeLoop, make_judge
-from clawloop.naming import open_store, store_exists, store_path
+from clawloop.naming import open_store, store_exists, store_name, store_path
 from clawloop.store import Store
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ async def run_judge(cfg: Config, stop: asyncio.Event | None = None) -> None:
             ray_rt.close()
         raise
     loop = JudgeLoop(store, judge, cfg.judge)
-    print(f"clawloop judge: judge={loop.name} store={path} workers={cfg.judge.num_workers}", flush=True)
+    print(f"clawloop judge: judge={loop.name} store={store_name(cfg)} workers={cfg.judge.num_workers}", flush=True)
     reporter = asyncio.create_task(_report(loop, stop))
     try:
         await loop.run(stop)
