@@ -267,6 +267,26 @@ def test_empty_answer_left_out_of_the_history_gets_the_clients_nudge(tmp_path):
     store.close()
 
 
+def test_a_continuation_folded_into_the_answer_it_continued_still_links(tmp_path):
+    """OpenClaw nudges after an answer with no visible text ("</tool_call>"), then keeps one assistant
+    message, the two texts joined ("</tool_call>7"): the user's reply to it is the continuation's next state."""
+    store = SQLiteStore(tmp_path / "c.db")
+    cap = Capture(store)
+    q = [{"role": "system", "content": "You are an agent."}, user("What is 2+3?")]
+    s0 = cap.begin(None, "main", q, False)
+    cap.finish(s0, [_turn(s0, "</tool_call>")])
+    nudge = user("The previous attempt did not produce a user-visible answer. Continue.")
+    s1 = cap.begin(None, "main", q + [{"role": "assistant", "content": "</tool_call>"}, nudge], False)
+    cap.finish(s1, [_turn(s1, "7")])
+    s2 = cap.begin(None, "main", q + [{"role": "assistant", "content": "</tool_call>7"}, user("Thanks!")], False)
+    assert s0.session_id == s1.session_id == s2.session_id and s2.index == 2
+    cap.finish(s2, [_turn(s2, "ok")])
+    store.flush()
+    ns = {t.index: (t.next_state or {}).get("content") for t in store.session_turns(s0.session_id)}
+    assert ns == {0: nudge["content"], 1: "Thanks!", 2: None}
+    store.close()
+
+
 def test_a_harness_context_block_after_the_reply_is_not_the_next_state(tmp_path):
     """OpenClaw's default profile sends its runtime context as a user message after the user's reply:
     the reply is the answered turn's next state (text or content parts)."""

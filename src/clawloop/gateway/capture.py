@@ -27,7 +27,9 @@ is the `next_state` of — the linking rule, deterministic:
    links nothing). An empty answer (no text, no calls) that the client left
    out of its history counts too: its request's messages followed by the
    client's reaction (OpenClaw's "did not produce a user-visible answer")
-   link to it.
+   link to it; and when the client then folds the answer that continued it
+   into the earlier one (one assistant message, the two texts joined), that
+   joined message counts as the continuation's answer.
 2. Otherwise (a client that rewrites its history, requests running at once
    whose histories cannot contain each other's answers): the previous main
    turn by index, even while it is still being generated (it gets the next
@@ -251,6 +253,9 @@ class _Run:
     """The prompt ids the pending row has (the end need not write the same again)."""
     ref: Any = None
     ended: bool = False
+    merge: tuple[Any, str] | None = None
+    """(hasher before the history's last answer, that answer's text) when the request continues an
+    answer (`_merged_key`)."""
 
 
 @dataclass
@@ -372,11 +377,15 @@ class Capture:
             cut = len(messages) - k
             prefix = None
             within: list[bytes] = []  # digests of the history ending inside the trailing messages
+            merge = None
             for i, m in enumerate(messages):
                 if i == cut:
                     prefix = hasher.digest()
                 elif i > cut:
                     within.append(hasher.digest())
+                if i == cut - 1 and k and m.get("role") == "assistant" and not m.get("tool_calls") \
+                        and isinstance(m.get("content"), str):
+                    merge = (hasher.copy(), m["content"])
                 hasher.update(_canon(m))
             request = hasher.digest()
             if self.shared is not None:  # the keys rule 1 looks up, in order (the same as below, in the store)
@@ -415,7 +424,7 @@ class Capture:
                 self._link(sid, s, entry, messages, request)
             rec = s.last_main = _MainTurn(index, request)
         run = _Run(index, uuid.uuid4().hex, close_after=done or anonymous, anonymous=anonymous, main=rec,
-                   prompt_ids=prompt_ids)
+                   prompt_ids=prompt_ids, merge=merge if main else None)
         slot = TurnSlot(sid, index, turn_type, run.close_after, anonymous, run.key, self, run, hasher)
         run.ref = weakref.ref(slot)
         s.running[index] = run
@@ -502,6 +511,13 @@ class Capture:
                                                                              t.response_text, rec))
                     if rec.request is not None and any(_is_empty(t) for t in turns):
                         self._remember(_dropped_key(rec.request), _Answer(slot.session_id, slot.index, "", rec))
+                    if run.merge is not None:  # a client that folds a continuation into the answer it continued
+                        base, before = run.merge
+                        for t in turns:
+                            if not t.tool_calls:
+                                h = base.copy()
+                                h.update(_canon({"role": "assistant", "content": before + t.response_text}))
+                                self._remember(h.digest(), _Answer(slot.session_id, slot.index, t.response_text, rec))
             else:
                 rec.state, rec.held = (_ABORTED if turns else _ABANDONED), None
         if turns:
