@@ -5,7 +5,14 @@ with no bounds (free strings, integers). The gateway constrains decoding to the 
 the object *ends* within the budget is up to the model: it has to close its numbers and strings
 itself (issue #28: the model built before short-JSON conversations were in its corpus wrote digits
 until max_tokens, 0/10 of these calls succeeded). `tests/test_clients.py` covers the same clients
-on a random model with bounded schemas."""
+on a random model with bounded schemas.
+
+The build that passes all of these (bench/RESULTS.md "Structured output that finishes on the shipped
+model") is not shipped yet: behind OpenClaw's 6 k-token prompts, past its 2 048 trained positions, it
+answers "</tool_call>" fragments that OpenClaw takes for no answer, twice in a row fails the run, and
+`make test-openclaw` with it. The shipped build closes its named tool calls but not its structured
+objects: those tests are strict xfails, which fail once a shipped build
+passes them (then drop the marks)."""
 
 from __future__ import annotations
 
@@ -101,6 +108,10 @@ def test_langchain_named_tool_choice_on_the_shipped_model(served):
     assert ok >= len(SEEDS), errors  # the greedy call and all but one sampled
 
 
+NOT_YET = pytest.mark.xfail(strict=True, reason="the shipped build does not close structured objects within 48 tokens (issue #28)")
+
+
+@NOT_YET
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
 def test_langchain_structured_output_on_the_shipped_model(served, method):
     def call(seed):
@@ -113,6 +124,7 @@ def test_langchain_structured_output_on_the_shipped_model(served, method):
     assert isinstance(out, Verdict)
 
 
+@NOT_YET
 def test_agents_sdk_on_the_shipped_model(served):
     """The Agents SDK's default Responses model: the first turn must call the tool (required), the
     tool's result goes back, and the run ends with a typed final output within max_tokens 48."""
