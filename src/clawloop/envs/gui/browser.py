@@ -93,6 +93,11 @@ class Browser:
         except GuiBrowserError:
             raise
         except Exception as e:
+            # The driver can see the page close before the kernel has the process gone (a loaded
+            # machine): give a "closed" error a moment before calling it anything but a crash.
+            settle = time.monotonic() + (3.0 if "closed" in str(e).lower() else 0.0)
+            while self.chromium.alive() and time.monotonic() < settle:
+                time.sleep(0.05)
             if not self.chromium.alive():
                 self.kill("chromium exited")
                 raise GuiBrowserError(f"the browser crashed during {what}: chromium pid {self.chromium.pid} "
