@@ -18,6 +18,7 @@ Minutes, so marked `openclaw` and kept out of `make test`.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -200,7 +201,13 @@ def test_openclaw_tool_call_is_captured_with_its_result(tmp_path: Path) -> None:
         cfg["agents"]["defaults"]["models"] = {
             "clawloop/clawloop": {"params": {"extra_body": {"tool_choice": "required", "parallel_tool_calls": False}}}}
         oc.config_path.write_text(json.dumps(cfg))
-        oc.agent("oc-tools", "Search your tools for the session status.", timeout_s=900)
+        try:
+            oc.agent("oc-tools", "Search your tools for the session status.", timeout_s=900)
+        except subprocess.CalledProcessError as e:
+            # When OpenClaw's run settles after its tools it makes a tool-less finalization call; the
+            # forced tool_choice goes with it and clawloop refuses that as OpenAI does (400: tool_choice
+            # without tools), which ends the run in an error. How the run ends is not what this checks.
+            assert "tool_choice" in (e.output or ""), (e.output or "")[-3000:]
         requests = _metric(httpx.get(server.url + "/metrics", timeout=10).text, "clawloop_requests_total")
     finally:
         server.stop()
