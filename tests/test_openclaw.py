@@ -189,8 +189,9 @@ def test_openclaw_tool_call_is_captured_with_its_result(tmp_path: Path) -> None:
     the model's params force one (`extra_body: {"tool_choice": "required"}`, OpenClaw's documented knob
     for local models): clawloop's constrained decoding makes the call valid against the offered schema,
     OpenClaw runs the tool and sends its result back, and that result is the turn's next state. Every
-    later request is forced too, so OpenClaw goes on calling tools until its own run stops (here: a
-    call cut at max_tokens)."""
+    later request is forced too, so OpenClaw goes on calling tools until its own run stops. A call the
+    model would not close within OpenClaw's maxTokens is closed by the engine (`serve.close_json_tokens`):
+    in CI (2026-11-26) the first call was cut at max_tokens, OpenClaw ran no tool, and this failed."""
     if missing():
         pytest.fail(f"OpenClaw is not installed ({missing()}); `make test-openclaw` installs it first")
     data = tmp_path / "data"
@@ -204,10 +205,11 @@ def test_openclaw_tool_call_is_captured_with_its_result(tmp_path: Path) -> None:
         try:
             oc.agent("oc-tools", "Search your tools for the session status.", timeout_s=900)
         except subprocess.CalledProcessError as e:
-            # When OpenClaw's run settles after its tools it makes a tool-less finalization call; the
-            # forced tool_choice goes with it and clawloop refuses that as OpenAI does (400: tool_choice
-            # without tools), which ends the run in an error. How the run ends is not what this checks.
-            assert "tool_choice" in (e.output or ""), (e.output or "")[-3000:]
+            # How OpenClaw's run ends is not what this checks: every request is forced to call, so it
+            # ends when OpenClaw gives up — its tool-less finalization call refused for the forced
+            # tool_choice (400, as OpenAI does), or an answer it takes for no answer. What must hold
+            # is below: the calls made, and the tool results sent back as their next states.
+            print("openclaw run ended:", (e.output or "").strip().splitlines()[-1:])
         requests = _metric(httpx.get(server.url + "/metrics", timeout=10).text, "clawloop_requests_total")
     finally:
         server.stop()

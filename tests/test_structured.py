@@ -292,10 +292,11 @@ def test_tool_messages_must_answer_the_calls_made(gateway):
         assert e.value.body["param"] == param, e.value.body
 
 
-def test_a_call_cut_by_max_tokens_is_the_same_streamed_or_not(gateway):
+def test_a_call_cut_by_max_tokens_is_the_same_streamed_or_not(make_gateway):
     """A reply that runs out of tokens inside a call: finish_reason `length`, the partial call as a tool
-    call (as OpenAI reports it), no markup left in the content — identically with and without stream."""
-    c = gateway.client()
+    call (as OpenAI reports it), no markup left in the content — identically with and without stream.
+    (Closing in time is off here: it would end this call.)"""
+    c = make_gateway(serve__close_json_tokens="0").client()
     kw = dict(model="m", messages=Q, tools=[ADD], tool_choice={"type": "function", "function": {"name": "add"}},
               max_tokens=20, seed=5, temperature=1.0)
     r = c.chat.completions.create(**kw)
@@ -308,3 +309,82 @@ def test_a_call_cut_by_max_tokens_is_the_same_streamed_or_not(gateway):
     assert deltas[0].function.name == "add"
     assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
     assert [x.choices[0].finish_reason for x in chunks if x.choices][-1] == "length"
+
+
+FREE = {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"}, "t": {"type": "string"}},
+        "required": ["s", "n", "t"], "additionalProperties": False}
+
+
+def test_json_anchors_and_inside_json():
+    """Where JSON starts (a tool tag's begin, the output's start, after a reasoning block) and whether
+    the output so far ends inside an open string, object or array."""
+    from clawloop.engines.grammar import inside_json, json_anchors
+    from clawloop.gateway.constraints import _json_format, after_reasoning, tool_tag
+    from clawloop.gateway.parsers import select_parsers
+
+    rf = {"type": "structural_tag", "format": _json_format(FREE)}
+    assert json_anchors(rf) == ("",)
+    assert inside_json('{"s": "abc', ("",)) == inside_json('{"s": "a\\"b}', ("",)) == "string"
+    assert inside_json('{"s": "a", "n": 12', ("",)) == inside_json('[1, [2', ("",)) == "container"
+    assert inside_json('{"s": "a}", "n": 1, "t": ""}', ("",)) is None and inside_json("", ("",)) is None
+    assert inside_json("Sure: {", ("",)) is None, "free text is not JSON"
+    call = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<tool_call>"],
+                                                 "tags": [tool_tag(ADD)], "at_least_one": False}}
+    (begin,) = json_anchors(call)
+    assert begin.startswith("<tool_call>") and begin.endswith('"arguments": ')
+    assert inside_json("I will add {them", (begin,)) is None, "no call started yet"
+    assert inside_json("ok " + begin + '{"a": 1', (begin,)) == "container"
+    assert inside_json("ok " + begin + '{"a": 1, "b": 2}}\n</tool_call>', (begin,)) is None
+    reasoning, _ = select_parsers("qwen3", "hermes", None)
+    thinking = after_reasoning(rf, reasoning, True)
+    anchors = json_anchors(thinking)
+    assert set(anchors) == {"", reasoning.end}
+    assert inside_json("let me think {", anchors) is None
+    assert inside_json('hm</think>\n\n{"s": "x', anchors) == "string"
+
+
+def test_json_closes_within_max_tokens(engine):
+    """A weak model under a grammar writes string characters until max_tokens (issue #28: LangChain
+    got nothing). With close_within, the last tokens of the budget close the open JSON — the likeliest
+    allowed `"`/`}`/`]`, else a `,` on to a required member — and the reply ends valid, within the
+    budget; off, the same seeds are cut. The logprobs stay those of the constrained distribution."""
+    from clawloop.gateway.constraints import _json_format
+
+    tag = {"type": "structural_tag", "format": _json_format(FREE)}
+    prompt = engine.tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    before = engine.grammars().closed_tokens
+    cut = 0
+    for seed in range(4):
+        for close in (0, 24):
+            evs = _collect(engine, prompt, SamplingParams(max_tokens=40, seed=seed, constraint=tag, close_within=close))
+            text = engine.tokenizer.decode([e.token_id for e in evs], skip_special_tokens=True)
+            assert len(evs) <= 40
+            if close:
+                assert evs[-1].finish_reason == "stop", text
+                obj = json.loads(text)
+                assert set(obj) == {"s", "n", "t"} and isinstance(obj["n"], int), text
+            else:
+                cut += evs[-1].finish_reason == "length"
+    assert cut >= 3, "a random model left alone writes strings past 40 tokens"
+    assert engine.grammars().closed_tokens > before
+    assert engine.stats()["engine/json_closing_tokens"] == engine.grammars().closed_tokens
+
+
+def test_serve_close_json_tokens_reaches_the_engine(make_gateway):
+    """`--close-json-tokens` (serve.close_json_tokens, default 32): a structured reply ends valid within
+    max_tokens=48; 0 leaves it to the model (cut); a negative value is a config error naming the key."""
+    rf = {"type": "json_schema", "json_schema": {"name": "free", "strict": True, "schema": FREE}}
+    finishes = {}
+    for n in ("32", "0"):
+        c = make_gateway(serve__close_json_tokens=n).client()
+        rs = [c.chat.completions.create(model="m", messages=Q, response_format=rf, max_tokens=48, seed=s)
+              for s in range(3)]
+        finishes[n] = [r.choices[0].finish_reason for r in rs]
+        if n == "32":
+            for r in rs:
+                assert set(json.loads(r.choices[0].message.content)) == {"s", "n", "t"}
+    assert finishes == {"32": ["stop"] * 3, "0": ["length"] * 3}, finishes
+    from clawloop.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="serve.close_json_tokens"):
+        load_config({"serve__close_json_tokens": "-1"}, env={})

@@ -120,6 +120,10 @@ class ServeConfig:
                                   "in a gap: 0 (default) none, json.dumps' separators only, so a weak model cannot "
                                   "pad a reply with newlines until max_tokens (vLLM's disable_any_whitespace); N "
                                   "allows pretty-printed JSON.", flags=("--json-whitespace",))
+    close_json_tokens: int = opt(32, "In the last N tokens of a constrained reply's max_tokens, inside an unclosed "
+                                     "JSON value (response_format, tool arguments), choose the likeliest token "
+                                     "that closes it, so a weak model's JSON ends valid instead of cut (hf engine; "
+                                     "vLLM ignores it); 0: off.", flags=("--close-json-tokens",))
     reasoning_parser: str = opt("auto", "Reasoning split: qwen3 (<think>), mistral ([THINK]), none; auto: by template.",
                                 flags=("--reasoning-parser",), choices=("auto", "none", "qwen3", "mistral"))
     tool_parser: str = opt("auto", "Tool calls: hermes/qwen25 (<tool_call>), llama3_json, mistral; auto: by template.",
@@ -712,6 +716,7 @@ def validate(cfg: Config) -> None:
     need(0 < cfg.serve.port < 65536, "serve.port", f"must be 1..65535, got {cfg.serve.port}")
     need("://" not in cfg.store or cfg.store.startswith(("postgresql://", "postgres://")), "store",
          f"{cfg.store.split('://')[0]}:// is not a store: give a postgresql:// URL, a SQLite file, or nothing")
+    need(cfg.serve.close_json_tokens >= 0, "serve.close_json_tokens", f"must be >= 0, got {cfg.serve.close_json_tokens}")
     need(cfg.serve.json_whitespace >= 0, "serve.json_whitespace", f"must be >= 0, got {cfg.serve.json_whitespace}")
     need(0 < cfg.buffer.port < 65536, "buffer.port", f"must be 1..65535, got {cfg.buffer.port}")
     need(cfg.model.max_batch_size >= 1, "model.max_batch_size", "must be >= 1")

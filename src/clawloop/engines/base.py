@@ -42,6 +42,10 @@ class SamplingParams:
     sampled token must keep valid; vLLM takes the same object as `structured_outputs.structural_tag`.
     Under a constraint the reported logprobs are those of the constrained distribution: the model's
     at temperature 1 renormalised over the tokens the grammar allows (what vLLM reports too)."""
+    close_within: int = 0
+    """Under a constraint, in the last this-many tokens of max_tokens while the output is inside an
+    unclosed JSON value, choose the likeliest allowed token that closes it (`"`, `}`, `]`) so the
+    JSON ends within the budget (engines/grammar.py); 0: never. The hf engine honours it."""
 
 
 @dataclass

@@ -81,6 +81,10 @@ class _Row:
     first_token_at: float | None = None
     matcher: Any = None
     """The row's grammar matcher when its request has a constraint."""
+    anchors: tuple[str, ...] = ()
+    """Where JSON starts in a constrained row's output (`grammar.json_anchors`), for closing in time."""
+    ids: list[int] = field(default_factory=list)
+    """A constrained row's sampled ids so far (closing in time reads their text)."""
     counts: torch.Tensor | None = None
     """(V,) how often each id was generated so far, for presence/frequency penalties."""
     pos_delta: int = 0
@@ -390,6 +394,10 @@ class HFEngine:
             grammars = self.grammars()
             compiled = await loop.run_in_executor(None, grammars.compile, p.constraint)
             row.matcher = grammars.matcher(compiled)
+            if p.close_within > 0:
+                from clawloop.engines.grammar import json_anchors
+
+                row.anchors = json_anchors(p.constraint)
         if p.logit_bias:
             bad = [t for t in p.logit_bias if not 0 <= int(t) < self.vocab_size]
             if bad:
@@ -442,6 +450,7 @@ class HFEngine:
             "engine/publishes": float(self.publishes),
             "engine/last_publish_s": self.last_publish_s,
             "engine/policy_version": float(self.policy_version),
+            "engine/json_closing_tokens": float(self._grammars.closed_tokens if self._grammars is not None else 0),
         }
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -730,11 +739,15 @@ class HFEngine:
                 shaped.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), dtype=shaped.dtype))
             if r.counts is not None:
                 shaped -= p.presence_penalty * (r.counts > 0).to(shaped.dtype) + p.frequency_penalty * r.counts
-        tok = self._sample(shaped, p, r.generator)
+        tok = self._closing_token(r, logits)
+        if tok is None:
+            tok = self._sample(shaped, p, r.generator)
         if not torch.isfinite(logprobs[tok]):
             raise RuntimeError("sampled an id the grammar forbids (all allowed ids have -inf logits?)")
         if r.matcher is not None and not r.matcher.accept_token(tok):
             raise RuntimeError(f"the grammar refused id {tok}")
+        if r.anchors:
+            r.ids.append(tok)
         if p.presence_penalty or p.frequency_penalty:
             if r.counts is None:
                 r.counts = torch.zeros(logits.shape[-1], dtype=logits.dtype)
@@ -744,6 +757,17 @@ class HFEngine:
             v, ix = torch.topk(logprobs, k=min(p.top_logprobs, logprobs.shape[-1]))
             top = [(int(a), float(b)) for a, b in zip(ix, v) if torch.isfinite(b)]
         return tok, float(logprobs[tok]), top
+
+    def _closing_token(self, r: _Row, masked: torch.Tensor) -> int | None:
+        """The token that closes a constrained row's open JSON when its budget is nearly spent (see
+        SamplingParams.close_within), else None (sample as usual)."""
+        p = r.req.params
+        if not r.anchors or p.max_tokens - r.generated > p.close_within:
+            return None
+        from clawloop.engines.grammar import inside_json
+
+        where = inside_json(self.tokenizer.decode(r.ids, skip_special_tokens=False), r.anchors)
+        return None if where is None else self.grammars().closer(masked, where)
 
     @staticmethod
     def _sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:

@@ -91,7 +91,8 @@ async def run_chat(gw: Gateway, request: Request, body: dict[str, Any], tenant: 
                              seed=None if req.seed is None else choice_seed(req.seed, i),
                              top_logprobs=req.top_logprobs, presence_penalty=req.presence_penalty,
                              frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias,
-                             constraint=constraint) for i in range(req.n)]
+                             constraint=constraint, close_within=gw.cfg.serve.close_json_tokens if constraint else 0)
+              for i in range(req.n)]
     ctx = ChatCompletion(gw, req, f"{rid_prefix}-{uuid.uuid4().hex}", prompt_ids, params, slot,
                          sid or req.prompt_cache_key, turn_type, use_tools, tenant=tenant, t0=t0, deadline=deadline,
                          lease=lease, multimodal=multimodal, thinking=thinking)
