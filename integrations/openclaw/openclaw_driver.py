@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -83,16 +85,47 @@ class OpenClaw:
         self.cli("plugins", "install", "--link", str(PLUGIN), "--force", "--accept-capabilities")
         self.cli("config", "set", "plugins.entries.clawloop.hooks.allowConversationAccess", "true")
 
-    def agent(self, session: str, message: str, timeout_s: float = 900) -> tuple[float, str]:
+    def agent(self, session: str, message: str, timeout_s: float = 900,
+              stop_when: Callable[[], bool] | None = None) -> tuple[float, str]:
         """`openclaw agent --local --session-id SESSION -m MESSAGE`: (wall seconds, its output).
-        Raises CalledProcessError (with the output) when it exits non-zero."""
+        Raises CalledProcessError (with the output) when it exits non-zero. `stop_when`: checked every
+        half second; once it is true the run is stopped (SIGTERM to the process group started here, then
+        SIGKILL) and this returns — for runs that would not end on their own (every call forced)."""
         t0 = time.perf_counter()
-        p = subprocess.run([str(NODE), str(OPENCLAW), "agent", "--local", "--session-id", session, "-m", message],
-                           env=self.env, cwd=self.home, capture_output=True, text=True, timeout=timeout_s)
-        seconds = time.perf_counter() - t0
-        out = p.stdout + p.stderr
+        with tempfile.TemporaryFile("w+") as out_f:
+            p = subprocess.Popen([str(NODE), str(OPENCLAW), "agent", "--local", "--session-id", session, "-m", message],
+                                 env=self.env, cwd=self.home, stdout=out_f, stderr=subprocess.STDOUT, text=True,
+                                 start_new_session=True)
+            stopped = False
+            try:
+                while p.poll() is None:
+                    if time.perf_counter() - t0 > timeout_s:
+                        raise subprocess.TimeoutExpired("openclaw agent", timeout_s)
+                    if stop_when is not None and stop_when():
+                        stopped = True
+                        break
+                    time.sleep(0.5)
+            finally:
+                if p.poll() is None:
+                    _stop_group(p)
+            seconds = time.perf_counter() - t0
+            out_f.seek(0)
+            out = out_f.read()
         with self.log.open("a") as f:
-            f.write(f"--- {session}: {message!r} ({seconds:.1f} s, exit {p.returncode})\n{out}\n")
-        if p.returncode != 0:
+            f.write(f"--- {session}: {message!r} ({seconds:.1f} s, exit {p.returncode}"
+                    f"{', stopped by the caller' if stopped else ''})\n{out}\n")
+        if p.returncode != 0 and not stopped:
             raise subprocess.CalledProcessError(p.returncode, "openclaw agent", output=out)
         return seconds, out
+
+
+def _stop_group(p: subprocess.Popen) -> None:
+    """End the process group `p` leads (started here with start_new_session): SIGTERM, then SIGKILL."""
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    except ProcessLookupError:
+        p.wait()
