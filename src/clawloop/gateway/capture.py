@@ -81,12 +81,13 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from clawloop.gateway.protocol import APIError
 from clawloop.gateway.parsers import strip_inline_reasoning
 from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
 from clawloop.store import SharedSessions, Store, StoreUnavailable
+from clawloop.store.base import TurnClaim
 
 log = logging.getLogger(__name__)
 
@@ -308,6 +309,46 @@ class TurnSlot:
         self.release()
 
 
+@dataclass
+class _SharedPlan:
+    """A request about to begin over a shared store (`Capture.begin`): what its claim sends and what this
+    process records once it returns."""
+    session_id: str | None
+    turn_type: str
+    messages: list[dict[str, Any]]
+    done: bool
+    keys: list[bytes]
+    hasher: Any
+    request: bytes
+    k: int
+    prompt_ids: list[int] | None
+    tools: list[dict[str, Any]] | None
+    tenant: str | None
+    now: float
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def main(self) -> bool:
+        return self.turn_type == TURN_MAIN
+
+    @property
+    def anonymous(self) -> bool:
+        return self.session_id is None and not self.main
+
+    def __post_init__(self) -> None:
+        self.new_sid = None if self.session_id is not None else \
+            (f"anon-{uuid.uuid4().hex}" if self.anonymous else f"{INFERRED_PREFIX}{uuid.uuid4().hex}")
+        self.next_state = self.echoed = None
+        if self.main and self.k:
+            last = _reaction(self.messages)
+            self.next_state = {"role": last["role"], "content": last["content"]}
+            self.echoed = next((m.get("content") for m in reversed(self.messages) if m["role"] == "assistant"), None)
+        self.pending = Turn(session_id=self.session_id or "", index=0, type=self.turn_type, messages=self.messages,
+                            tools=self.tools, prompt_ids=self.prompt_ids if self.prompt_ids is not None else [],
+                            finish_reason="pending", policy_version=-1, trainable=False, request_id=self.key,
+                            tenant=self.tenant or "", created_at=self.now)
+
+
 class Capture:
     def __init__(self, store: Store, idle_timeout_s: float = 600.0, sweep_interval_s: float = 5.0, *,
                  max_answers: int = 65536, rebuild_sessions: int = 1000, max_closed: int = 100_000,
@@ -357,6 +398,76 @@ class Capture:
                            _Answer(sid, idx, text, rec))
 
     # -- request path ----------------------------------------------------
+    def _history(self, session_id: str | None, turn_type: str, messages: list[dict[str, Any]],
+                 tenant: str | None) -> tuple[Any, bytes, int, _Answer | None, Any, list[bytes]]:
+        """What a main request's history says (side requests: nothing): (hasher over it, its digest, the
+        number of trailing messages after the last answer, the answer it continues if this process knows
+        it, a folded continuation's (hasher, text), the answer keys a shared store looks up in order)."""
+        hasher = entry = merge = None
+        request = b""
+        shared_keys: list[bytes] = []
+        k = _trailing(messages) if turn_type == TURN_MAIN else 0
+        if turn_type != TURN_MAIN:
+            return hasher, request, k, entry, merge, shared_keys
+        hasher = _seed(session_id, tenant)
+        cut = len(messages) - k
+        prefix = None
+        within: list[bytes] = []  # digests of the history ending inside the trailing messages
+        for i, m in enumerate(messages):
+            if i == cut:
+                prefix = hasher.digest()
+            elif i > cut:
+                within.append(hasher.digest())
+            if i == cut - 1 and k and m.get("role") == "assistant" and not m.get("tool_calls") \
+                    and isinstance(m.get("content"), str):
+                merge = (hasher.copy(), m["content"])
+            hasher.update(_canon(m))
+        request = hasher.digest()
+        if self.shared is not None:  # the keys rule 1 looks up, in order (the same as below, in the store)
+            shared_keys = [prefix] if k and cut > 0 and messages[cut - 1].get("role") == "assistant" else []
+            shared_keys += [_dropped_key(d) for d in reversed(within)]
+            return hasher, request, k, entry, merge, shared_keys
+        if k and cut > 0 and messages[cut - 1].get("role") == "assistant":
+            entry = self._answers.get(prefix)
+            if entry is not None:
+                self._answers.move_to_end(prefix)
+        # rule 1 for an empty answer the client dropped: the history is that turn's request
+        for d in reversed(within) if entry is None else ():
+            entry = self._answers.get(_dropped_key(d))
+            if entry is not None:
+                break
+        return hasher, request, k, entry, merge, shared_keys
+
+    async def begin_async(self, session_id: str | None, turn_type: str, messages: list[dict[str, Any]], done: bool,
+                          *, prompt_ids: list[int] | None = None, tools: list[dict[str, Any]] | None = None,
+                          tenant: str | None = None, images: list[Any] | None = None) -> TurnSlot:
+        """`begin` for the event loop: over a shared store its transaction (a few round trips, a session row
+        lock another gateway may hold) runs on a worker thread, so the loop goes on streaming meanwhile."""
+        if self.shared is None:
+            return self.begin(session_id, turn_type, messages, done, prompt_ids=prompt_ids, tools=tools,
+                              tenant=tenant, images=images)
+        if images:
+            self.save_images(images)
+        hasher, request, k, _, _, shared_keys = self._history(session_id, turn_type, messages, tenant)
+        plan = _SharedPlan(session_id, turn_type, messages, done, shared_keys, hasher, request, k,
+                           prompt_ids, tools, tenant, time.time())
+        fut = asyncio.ensure_future(asyncio.to_thread(self._shared_claim, plan))
+        try:
+            claim = await asyncio.shield(fut)
+        except asyncio.CancelledError:  # the client left: a row the store reserved is not left pending
+            fut.add_done_callback(lambda f: self._unclaim(plan, f))
+            raise
+        return self._shared_claimed(plan, claim)
+
+    def _unclaim(self, plan: _SharedPlan, fut: Any) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        claim = fut.result()
+        try:
+            self.store.abandon_turn(claim.session_id, claim.index, plan.key)
+        except Exception:
+            log.exception("capture: could not drop the pending row of a request whose client left")
+
     def begin(self, session_id: str | None, turn_type: str, messages: list[dict[str, Any]], done: bool, *,
               prompt_ids: list[int] | None = None, tools: list[dict[str, Any]] | None = None,
               tenant: str | None = None, images: list[Any] | None = None) -> TurnSlot:
@@ -369,40 +480,11 @@ class Capture:
             self.save_images(images)
         now = time.time()
         main = turn_type == TURN_MAIN
-        hasher = entry = None
-        request = b""
-        k = _trailing(messages) if main else 0
-        if main:
-            hasher = _seed(session_id, tenant)
-            cut = len(messages) - k
-            prefix = None
-            within: list[bytes] = []  # digests of the history ending inside the trailing messages
-            merge = None
-            for i, m in enumerate(messages):
-                if i == cut:
-                    prefix = hasher.digest()
-                elif i > cut:
-                    within.append(hasher.digest())
-                if i == cut - 1 and k and m.get("role") == "assistant" and not m.get("tool_calls") \
-                        and isinstance(m.get("content"), str):
-                    merge = (hasher.copy(), m["content"])
-                hasher.update(_canon(m))
-            request = hasher.digest()
-            if self.shared is not None:  # the keys rule 1 looks up, in order (the same as below, in the store)
-                shared_keys = [prefix] if k and cut > 0 and messages[cut - 1].get("role") == "assistant" else []
-                shared_keys += [_dropped_key(d) for d in reversed(within)]
-            elif k and cut > 0 and messages[cut - 1].get("role") == "assistant":
-                entry = self._answers.get(prefix)
-                if entry is not None:
-                    self._answers.move_to_end(prefix)
-            # rule 1 for an empty answer the client dropped: the history is that turn's request
-            for d in reversed(within) if entry is None and self.shared is None else ():
-                entry = self._answers.get(_dropped_key(d))
-                if entry is not None:
-                    break
+        hasher, request, k, entry, merge, shared_keys = self._history(session_id, turn_type, messages, tenant)
         if self.shared is not None:  # several gateways: the store reserves, finds the session and links
-            return self._begin_shared(session_id, turn_type, messages, done, shared_keys if main else [], hasher,
-                                      request, k, prompt_ids=prompt_ids, tools=tools, tenant=tenant, now=now)
+            plan = _SharedPlan(session_id, turn_type, messages, done, shared_keys, hasher, request, k,
+                               prompt_ids, tools, tenant, now)
+            return self._shared_claimed(plan, self._shared_claim(plan))
         sid, anonymous, fresh = session_id, False, False
         if sid is None:
             if not main:
@@ -611,34 +693,24 @@ class Capture:
                 log.exception("idle-session sweep failed")
 
     # -- several gateways, one store (`SharedSessions`) ------------------------------
-    def _begin_shared(self, session_id: str | None, turn_type: str, messages: list[dict[str, Any]], done: bool,
-                      keys: list[bytes], hasher: Any, request: bytes, k: int, *, prompt_ids: list[int] | None,
-                      tools: list[dict[str, Any]] | None, tenant: str | None, now: float) -> TurnSlot:
-        """`begin` over a shared store: the index, the session of a header-less request and the link come
-        from one transaction of the store (`store/pg_linking.py`), so they are right whichever gateway
-        served the session's earlier requests. Memory keeps only this process's running requests."""
-        main = turn_type == TURN_MAIN
-        anonymous = session_id is None and not main
-        new_sid = None if session_id is not None else \
-            (f"anon-{uuid.uuid4().hex}" if anonymous else f"{INFERRED_PREFIX}{uuid.uuid4().hex}")
-        ns = echoed = None
-        if main and k:
-            last = _reaction(messages)
-            ns = {"role": last["role"], "content": last["content"]}
-            echoed = next((m.get("content") for m in reversed(messages) if m["role"] == "assistant"), None)
-        key = uuid.uuid4().hex
-        pending = Turn(session_id=session_id or "", index=0, type=turn_type, messages=messages, tools=tools,
-                       prompt_ids=prompt_ids if prompt_ids is not None else [], finish_reason="pending",
-                       policy_version=-1, trainable=False, request_id=key, tenant=tenant or "", created_at=now)
+    def _shared_claim(self, plan: _SharedPlan) -> TurnClaim:
+        """`begin` over a shared store, the store's half: the index, the session of a header-less request
+        and the link come from one transaction (`store/pg_linking.py`), so they are right whichever
+        gateway served the session's earlier requests. Touches nothing of this process (any thread)."""
         try:
-            claim = self.shared.claim_turn(pending, new_session_id=new_sid, answer_keys=keys,
-                                           request_hash=request if main else None, next_state=ns, echoed=echoed)
+            return self.shared.claim_turn(plan.pending, new_session_id=plan.new_sid, answer_keys=plan.keys,
+                                          request_hash=plan.request if plan.main else None,
+                                          next_state=plan.next_state, echoed=plan.echoed)
         except StoreUnavailable as e:
             log.error("capture: %s", e)
             raise APIError(503, "The session store cannot be reached; retry shortly.", code="store_unavailable",
                            headers={"Retry-After": "2"}) from None
+
+    def _shared_claimed(self, plan: _SharedPlan, claim: TurnClaim) -> TurnSlot:
+        """`begin` over a shared store, this process's half (event loop): memory keeps only its running
+        requests."""
         sid, index = claim.session_id, claim.index
-        if session_id is None and main:
+        if plan.session_id is None and plan.main:
             if claim.continued:
                 self.inferred_continued += 1
             else:
@@ -647,11 +719,12 @@ class Capture:
         s = self.sessions.get(sid)
         if s is None:
             s = self.sessions[sid] = _Session(next_index=index + 1)
-        s.last_seen = now
+        s.last_seen = plan.now
         s.closing = None
-        rec = _MainTurn(index, request) if main else None
-        run = _Run(index, key, close_after=done or anonymous, anonymous=anonymous, main=rec, prompt_ids=prompt_ids)
-        slot = TurnSlot(sid, index, turn_type, run.close_after, anonymous, key, self, run, hasher)
+        rec = _MainTurn(index, plan.request) if plan.main else None
+        run = _Run(index, plan.key, close_after=plan.done or plan.anonymous, anonymous=plan.anonymous, main=rec,
+                   prompt_ids=plan.prompt_ids)
+        slot = TurnSlot(sid, index, plan.turn_type, run.close_after, plan.anonymous, plan.key, self, run, plan.hasher)
         run.ref = weakref.ref(slot)
         s.running[index] = run
         return slot
@@ -660,17 +733,40 @@ class Capture:
         """`finish` over a shared store: the rows and the answers the client is about to see are committed
         before this returns, so the client's next request finds them at any gateway."""
         s = self._end(slot.session_id, run)
-        if turns:
-            answers: list[tuple[bytes, str]] = []
-            if run.main is not None and turns[0].trainable and slot._hasher is not None:
-                answers = [(_answer_key(slot._hasher, t), t.response_text) for t in turns]
-                if any(_is_empty(t) for t in turns):
-                    answers.append((_dropped_key(run.main.request), ""))
-            same = run.prompt_ids is not None and turns[0].prompt_ids == run.prompt_ids
-            self.shared.finish_claimed(turns, run.key, same, answers)
-            self.turns_captured += len(turns)
-        else:
-            self.store.abandon_turn(slot.session_id, run.index, run.key)
+        try:
+            self._shared_commit(slot, run, turns)()
+        finally:
+            self._after_end(slot.session_id, s, run)
+
+    def _shared_commit(self, slot: TurnSlot, run: _Run, turns: list[Turn]) -> Callable[[], None]:
+        """The store call that ends `run` over a shared store (touches nothing of this process: any thread)."""
+        if not turns:
+            return lambda: self.store.abandon_turn(slot.session_id, run.index, run.key)
+        answers: list[tuple[bytes, str]] = []
+        if run.main is not None and turns[0].trainable and slot._hasher is not None:
+            answers = [(_answer_key(slot._hasher, t), t.response_text) for t in turns]
+            if any(_is_empty(t) for t in turns):
+                answers.append((_dropped_key(run.main.request), ""))
+        same = run.prompt_ids is not None and turns[0].prompt_ids == run.prompt_ids
+        self.turns_captured += len(turns)
+        return lambda: self.shared.finish_claimed(turns, run.key, same, answers)
+
+    async def finish_async(self, slot: TurnSlot, turns: list[Turn]) -> None:
+        """`finish` for the event loop: over a shared store its commit runs on a worker thread (the reply
+        still waits for it, so the client's next request finds it at any gateway)."""
+        run = slot._run
+        if self.shared is None or run is None or run.ended:
+            return self.finish(slot, turns)
+        s = self._end(slot.session_id, run)
+        fut = asyncio.ensure_future(asyncio.to_thread(self._shared_commit(slot, run, turns)))
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:  # the client left: the session closes (if asked) once the commit is in
+            fut.add_done_callback(lambda f: self._after_end(slot.session_id, s, run))
+            raise
+        except BaseException:
+            self._after_end(slot.session_id, s, run)
+            raise
         self._after_end(slot.session_id, s, run)
 
     def _sweep_shared(self, now: float) -> int:

@@ -82,7 +82,7 @@ async def run_chat(gw: Gateway, request: Request, body: dict[str, Any], tenant: 
     lease = await gw.admit(req.n, deadline)
     try:
         slot = (None if req.store is False else  # the client asked that this exchange not be kept
-                gw.begin_capture(sid, turn_type, req.messages, done, tenant=tenant, prompt_ids=prompt_ids,
+                await gw.begin_capture(sid, turn_type, req.messages, done, tenant=tenant, prompt_ids=prompt_ids,
                                  tools=req.tools if use_tools else None, images=req.images))
     except BaseException:
         lease.release()
@@ -154,7 +154,7 @@ class ChatCompletion(InFlight):
         self.sid, self.turn_type, self.use_tools = sid, turn_type, use_tools
         self.multimodal = multimodal
         """The engine's pixel inputs for the prompt's images (None: text only)."""
-        self.captured = False
+        self.was_captured = False
         think = gw.reasoning_parser
         self.samples: list[ChatChoice] = [  # thinking: None without a reasoning parser, else whether it starts inside
             ChatChoice(index=i, detok=Detokenizer(gw.tok, gw.marker_ids),
@@ -200,10 +200,10 @@ class ChatCompletion(InFlight):
             self.finalize(c)
 
     # -- capture -------------------------------------------------------------
-    def capture(self, aborted: bool = False) -> None:
-        if self.slot is None or self.captured:
-            return
-        self.captured = True
+    def captured(self, aborted: bool = False) -> list[tuple[TurnSlot, list[Turn]]]:
+        if self.slot is None or self.was_captured:
+            return []
+        self.was_captured = True
         turns = []
         for c in self.samples:
             policy_version, response_versions = c.turn_versions(self._version(c))
@@ -221,7 +221,7 @@ class ChatCompletion(InFlight):
                 sampling=self.sampling_record(c.index),
                 request_id=self.rid, choice_index=c.index,
             ))
-        self.gw.capture.finish(self.slot, turns)
+        return [(self.slot, turns)]
 
     def sampling_record(self, index: int) -> dict[str, Any]:
         """How choice `index` was sampled, for the trainer: `logprobs` "raw" (the model at temperature 1)
@@ -248,8 +248,8 @@ class ChatCompletion(InFlight):
         return rec
 
     def abandon(self) -> None:
-        if self.slot is not None and not self.captured:
-            self.captured = True
+        if self.slot is not None and not self.was_captured:
+            self.was_captured = True
             self.gw.capture.abandon(self.slot)
 
     # -- bodies --------------------------------------------------------------

@@ -376,17 +376,18 @@ class Completion(InFlight):
         return min(vs) if vs else self.start_version
 
     # -- capture ---------------------------------------------------------------
-    def begin_capture(self) -> None:
+    async def begin_capture(self) -> None:
         """Side turns, one per prompt, only for a named session (see the module docstring)."""
         if self.sid is None or self.gw.capture is None or self.req.max_tokens == 0 or not self.req.store:
             return
         last = len(self.req.prompts) - 1
         for i, ids in enumerate(self.req.prompts):
-            self.slots.append(self.gw.begin_capture(
+            self.slots.append(await self.gw.begin_capture(
                 self.sid, TURN_SIDE, [{"role": "user", "content": self.req.texts[i]}], self.done and i == last,
                 tenant=self.tenant, prompt_ids=ids, tools=None))
 
-    def capture(self, aborted: bool = False) -> None:
+    def captured(self, aborted: bool = False) -> list[tuple[TurnSlot, list[Turn]]]:
+        out = []
         for i, slot in enumerate(self.slots):
             if slot is None:
                 continue
@@ -406,8 +407,9 @@ class Completion(InFlight):
                     sampling={"temperature": self.req.temperature, "top_p": self.req.top_p,
                               "seed": self.params(g).seed, "logprobs": "raw", "endpoint": "completions"},
                     request_id=self.rid, choice_index=g.j))
-            self.gw.capture.finish(slot, turns)
+            out.append((slot, turns))
         self.slots = []
+        return out
 
     def abandon(self) -> None:
         for slot in self.slots:
@@ -470,7 +472,7 @@ async def serve_completions(gw: Gateway, request: Request) -> Response:
     lease = await gw.admit(len(req.prompts) * req.best_of, deadline)
     c = Completion(gw, req, tenant=tenant, sid=sid, done=done, t0=t0, deadline=deadline, lease=lease)
     try:
-        c.begin_capture()
+        await c.begin_capture()
     except BaseException:
         c.close()
         raise

@@ -40,7 +40,7 @@ from clawloop.gateway.metrics import Metrics
 from clawloop.gateway.protocol import APIError, parse_json_body
 from clawloop.gateway.parsers import select_parsers
 from clawloop.gateway.render import Detokenizer, TextStream, TokenPieces, image_policy, marker_ids, renderer_for
-from clawloop.records import TURN_MAIN, TURN_SIDE
+from clawloop.records import TURN_MAIN, TURN_SIDE, Turn
 from clawloop.store import Store
 
 log = logging.getLogger(__name__)
@@ -311,14 +311,15 @@ class Gateway:
             self.timeouts += 1
             raise timeout_error(self.cfg.serve.request_timeout_s) from None
 
-    def begin_capture(self, sid: str | None, turn_type: str, messages: list[dict[str, Any]], done: bool, *,
-                      tenant: str, prompt_ids: list[int], tools: list[dict[str, Any]] | None,
-                      images: list[Any] | None = None) -> TurnSlot | None:
-        """The turn's capture slot (`Capture.begin`), or None when this gateway captures nothing."""
+    async def begin_capture(self, sid: str | None, turn_type: str, messages: list[dict[str, Any]], done: bool, *,
+                            tenant: str, prompt_ids: list[int], tools: list[dict[str, Any]] | None,
+                            images: list[Any] | None = None) -> TurnSlot | None:
+        """The turn's capture slot (`Capture.begin_async`: a shared store's claim off the event loop), or
+        None when this gateway captures nothing."""
         if self.capture is None:
             return None
-        return self.capture.begin(sid, turn_type, messages, done, prompt_ids=prompt_ids, tools=tools,
-                                  tenant=tenant, images=images or None)
+        return await self.capture.begin_async(sid, turn_type, messages, done, prompt_ids=prompt_ids, tools=tools,
+                                              tenant=tenant, images=images or None)
 
 
 # -- token accumulation ------------------------------------------------------------
@@ -473,8 +474,19 @@ class InFlight:
     async def generate(self) -> None:
         raise NotImplementedError
 
-    def capture(self, aborted: bool = False) -> None:
+    def captured(self, aborted: bool = False) -> list[tuple[TurnSlot, list[Turn]]]:
+        """The turns to store, per capture slot (each slot once: later calls give nothing)."""
         raise NotImplementedError
+
+    def capture(self, aborted: bool = False) -> None:
+        """Store what was generated (`captured`); also the way out of failures, so synchronous."""
+        for slot, turns in self.captured(aborted):
+            self.gw.capture.finish(slot, turns)
+
+    async def capture_async(self) -> None:
+        """`capture` of a reply that completed, with a shared store's commit off the event loop."""
+        for slot, turns in self.captured(False):
+            await self.gw.capture.finish_async(slot, turns)
 
     def abandon(self) -> None:
         raise NotImplementedError
@@ -554,7 +566,7 @@ class InFlight:
         try:
             async with asyncio.timeout_at(self.deadline):
                 await self.generate()
-            self.capture()
+            await self.capture_async()
         except EngineUnavailable as e:
             raise unavailable_error(e) from e  # close() below drops the capture slots
         except TimeoutError:  # the engine rows were cancelled with the gather
@@ -582,7 +594,7 @@ class InFlight:
                 yield text
             async for text in drain(q, len(self.tasks), gw.cfg.serve.stream_interval_ms / 1000):
                 yield text
-            self.capture()
+            await self.capture_async()
             for s in self.samples:
                 yield self.finish_chunk(s)
             if self.include_usage:
