@@ -242,3 +242,44 @@ def test_a_store_server_that_goes_away_is_a_503_never_a_hang(engine, random_mode
         if g is not None:
             g.stop()
         pg.stop()
+
+
+def test_a_claim_waiting_on_a_session_lock_does_not_stall_other_sessions(engine, random_model_dir, pg_url, tmp_path):
+    """A request's claim takes its session's row lock, which another gateway may hold for a while; the
+    claim runs off the event loop (`Capture.begin_async`), so this gateway goes on serving the other
+    sessions meanwhile. Here another connection holds session "busy"'s lock: a request of "busy" waits,
+    one of "free" is answered, and once the lock is let go "busy"'s request completes, both stored."""
+    from clawloop.store.postgres import PgConnection
+    from conftest import Gateway
+
+    g = Gateway(engine, random_model_dir, tmp_path / "data", store=pg_url)
+    holder = PgConnection(pg_url)
+    try:
+        c = g.client()
+
+        def ask(session: str, text: str) -> str:
+            r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": text}], max_tokens=4,
+                                          extra_headers={"X-Session-Id": session}, timeout=120)
+            return r.choices[0].message.content
+
+        ask("busy", "first")
+        holder.execute("BEGIN")
+        holder.execute("SELECT next_index FROM sessions WHERE session_id=? FOR UPDATE", ("busy",)).fetchall()
+        waiting = {}
+        t = threading.Thread(target=lambda: waiting.setdefault("answer", ask("busy", "second")))
+        t.start()
+        time.sleep(1.0)
+        assert t.is_alive(), "the request of the locked session did not wait for the lock"
+        t0 = time.time()
+        ask("free", "hello")  # answered while "busy"'s claim waits on the lock
+        assert time.time() - t0 < 60 and t.is_alive()
+        holder.execute("COMMIT")
+        t.join(120)
+        assert not t.is_alive() and "answer" in waiting
+        assert [x.index for x in g.store.session_turns("busy")] == [0, 1]
+        assert [x.index for x in g.store.session_turns("free")] == [0]
+    finally:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+        g.stop()

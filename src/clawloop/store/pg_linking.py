@@ -12,9 +12,10 @@ serialise on it and see each other's turns:
 
 Lock order is always `sessions` row, then `turns` rows (claim, finish, close), so these transactions do not
 deadlock each other; a deadlock with a batch of the writer thread is retried like a serialization failure.
-Both run on their own connection with `synchronous_commit = off` (commits are visible at once; a server crash
-may lose the last few, as SQLite's `synchronous=NORMAL` may), on the caller's thread: capture calls them
-from the event loop, one round trip of a few statements each.
+Both run on linking connections of their own (a pool of `LINK_CONNECTIONS` per process, so a claim waiting on
+one session's row lock does not hold up the others) with `synchronous_commit = off` (commits are visible at
+once; a server crash may lose the last few, as SQLite's `synchronous=NORMAL` may), on the caller's thread:
+capture calls them from a worker thread (`Capture.begin_async`/`finish_async`), off the event loop.
 
 What one gateway holds in memory and this keeps instead: `_Session.next_index` (sessions.next_index),
 `last_main` (sessions.last_main, the highest main index begun), the request hash of a turn (turns.request_hash),
@@ -46,43 +47,61 @@ log = logging.getLogger(__name__)
 class SharedSessionRows(PgRows):
     """The `SharedSessions` half of the PostgreSQL store (see the module docstring)."""
 
-    def _link_conn(self) -> PgConnection:
-        if self._link is None or self._link.broken:
-            if self._link is not None:
-                self._link.close()
-            self._link = PgConnection(self.url, synchronous_commit=False)
-        return self._link
-
     def _in_link_tx(self, fn: Any, *args: Any) -> Any:
-        """Run `fn(conn, *args)` in one transaction on the linking connection; a deadlock or serialization
-        failure is retried, a lost connection once more on a fresh one; still failing: StoreUnavailable."""
+        """Run `fn(conn, *args)` in one transaction on a linking connection (a pool of `LINK_CONNECTIONS`:
+        a claim that waits on one session's row lock holds one, the other sessions' go on); a deadlock or
+        serialization failure is retried, a lost connection once more on a fresh one; still failing:
+        StoreUnavailable."""
         err: BaseException | None = None
-        with self._link_mutex:
+        with self._link_slots:
             for attempt in range(4):
                 if attempt:
                     time.sleep(0.01 * 2 ** attempt)
                 conn = None
                 try:
-                    conn = self._link_conn()
+                    conn = self._take_link()
                     conn.execute("BEGIN")
                     out = fn(conn, *args)
                     conn.execute("COMMIT")
+                    self._give_link(conn)
                     return out
                 except self.DATABASE_ERRORS as e:
                     err = e
-                    if conn is not None:
-                        try:
-                            conn.rollback()
-                        except Exception:
-                            conn.close()
+                    self._drop_link(conn)
                 except BaseException:
-                    if conn is not None:
-                        try:
-                            conn.rollback()
-                        except Exception:
-                            conn.close()
+                    self._drop_link(conn)
                     raise
         raise StoreUnavailable(f"store {redact(self.url)}: {err}")
+
+    def _take_link(self) -> PgConnection:
+        with self._link_mutex:
+            while self._link_idle:
+                conn = self._link_idle.pop()
+                if not conn.broken:
+                    return conn
+                self._link_open.remove(conn)
+                conn.close()
+        conn = PgConnection(self.url, synchronous_commit=False)
+        with self._link_mutex:
+            self._link_open.append(conn)
+        return conn
+
+    def _give_link(self, conn: PgConnection) -> None:
+        with self._link_mutex:
+            self._link_idle.append(conn)
+
+    def _drop_link(self, conn: PgConnection | None) -> None:
+        """After a failed transaction: roll back and keep the connection, or close it if that fails too."""
+        if conn is None:
+            return
+        try:
+            conn.rollback()
+            self._give_link(conn)
+        except Exception:
+            with self._link_mutex:
+                if conn in self._link_open:
+                    self._link_open.remove(conn)
+            conn.close()
 
     # -- a request begins ------------------------------------------------------------
     def claim_turn(self, turn: Turn, *, new_session_id: str | None, answer_keys: list[bytes],

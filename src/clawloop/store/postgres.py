@@ -141,6 +141,9 @@ CREATE INDEX IF NOT EXISTS answers_seen ON answers (seen);
 
 # Advisory lock keys (one 64-bit space per database): two constants and, per store, a random owner key
 # above them.
+LINK_CONNECTIONS = 8
+"""Linking connections a gateway process opens at most (`pg_linking`): claims and finishes of that many
+requests run at once; more wait for one."""
 SCHEMA_LOCK = 0x636C61770001
 JUDGEMENT_ORDER = 0x636C61770002
 
@@ -268,7 +271,9 @@ class PostgresBase(SQLiteBase):
             self._owner_conn.close()
             raise
         self._link_mutex = threading.Lock()
-        self._link: PgConnection | None = None
+        self._link_slots = threading.BoundedSemaphore(LINK_CONNECTIONS)
+        self._link_idle: list[PgConnection] = []
+        self._link_open: list[PgConnection] = []
         self._start_writer(conn)
 
     def _connect(self, factory: Any = None, busy_ms: int = 30000) -> PgConnection:  # noqa: ARG002
@@ -289,8 +294,9 @@ class PostgresBase(SQLiteBase):
             return
         super().close()
         with self._link_mutex:
-            if self._link is not None:
-                self._link.close()
+            for c in self._link_open:
+                c.close()
+            self._link_open, self._link_idle = [], []
         self._owner_conn.close()
 
 
