@@ -174,6 +174,33 @@ def test_structured_outputs_through_vllm(vllm_gateway, tool_model_dir):  # noqa:
     assert diff < 1e-3, diff
 
 
+def test_json_closes_within_max_tokens_through_vllm(vllm_gateway):
+    """The servers clawloop starts load its logits processor (`clawloop_json_close:JsonClose`): with
+    `serve.close_json_tokens`, an object with free strings ends valid within a max_tokens too short for
+    the model to end it alone; with 0 the same requests are cut."""
+    from test_structured import FREE
+
+    server, engine, store, handle, cfg = vllm_gateway
+    c = _client(server)
+    rf = {"type": "json_schema", "json_schema": {"name": "free", "strict": True, "schema": FREE}}
+
+    def ask(seed):
+        return c.chat.completions.create(model="m", messages=Q, response_format=rf, max_tokens=32, seed=seed,
+                                         temperature=1.0).choices[0]
+
+    closed = [ask(s) for s in range(3)]
+    for ch in closed:
+        assert ch.finish_reason == "stop", ch
+        assert set(json.loads(ch.message.content)) == {"s", "n", "t"}, ch.message.content
+    before = cfg.serve.close_json_tokens
+    cfg.serve.close_json_tokens = 0
+    try:
+        alone = [ask(s) for s in range(3)]
+    finally:
+        cfg.serve.close_json_tokens = before
+    assert [ch.finish_reason for ch in alone].count("length") >= 2, [ch.message.content for ch in alone]
+
+
 def engine_constraint(response_format):
     from clawloop.gateway.constraints import build_constraint
     from clawloop.gateway.protocol import parse_chat_request

@@ -122,8 +122,8 @@ class ServeConfig:
                                   "allows pretty-printed JSON.", flags=("--json-whitespace",))
     close_json_tokens: int = opt(32, "In the last N tokens of a constrained reply's max_tokens, inside an unclosed "
                                      "JSON value (response_format, tool arguments), choose the likeliest token "
-                                     "that closes it, so a weak model's JSON ends valid instead of cut (hf engine; "
-                                     "vLLM ignores it); 0: off.", flags=("--close-json-tokens",))
+                                     "that closes it, so a weak model's JSON ends valid instead of cut (both "
+                                     "engines); 0: off.", flags=("--close-json-tokens",))
     reasoning_parser: str = opt("auto", "Reasoning split: qwen3 (<think>), mistral ([THINK]), none; auto: by template.",
                                 flags=("--reasoning-parser",), choices=("auto", "none", "qwen3", "mistral"))
     tool_parser: str = opt("auto", "Tool calls: hermes/qwen25 (<tool_call>), llama3_json, mistral; auto: by template.",

@@ -17,14 +17,10 @@ Per row: a `GrammarMatcher` fills a bitmask of the allowed next ids, the logits 
 every other id become -inf, the sampled id is accepted into the matcher. Compiled
 grammars are cached by their JSON text (a client sends the same tools every turn).
 
-Closing within the budget: a grammar keeps every token valid but cannot make a weak model *end* —
-it may write digits or string characters until max_tokens, and the client gets JSON cut in the
-middle (issue #28). In the last `SamplingParams.close_within` tokens of the budget, while the output
-is inside an unclosed JSON value (`inside_json`), the row takes the most likely allowed token that
-only closes (`"` in a string, `}`/`]` outside one: `Grammars.closer`), or else a `,` that moves on to
-a required member still missing; where neither is allowed (a key's name, a value after `:`) it
-samples as usual. Like logit_bias this shapes the choice only: the logprobs reported are the
-constrained distribution's. vLLM's engine does not do this (it would need a logits processor).
+Closing within the budget (`SamplingParams.close_within`): in the last tokens of max_tokens, inside an
+unclosed JSON value, the row takes the likeliest allowed token that closes it (`Grammars.closer`; the
+rule and its helpers are in `vllm_worker/clawloop_json_close.py`, which vLLM's servers load as a logits
+processor, so both engines close the same way). Like logit_bias this shapes the choice only.
 """
 
 from __future__ import annotations
@@ -36,6 +32,10 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
+
+from clawloop.engines.vllm_worker.clawloop_json_close import closing_tiers, inside_json, pick_closer
+
+__all__ = ["Grammars", "check_constraint", "compact_json_grammar", "inside_json", "json_anchors", "tag_json"]
 
 CACHE_SIZE = 256
 _LOG_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
@@ -69,8 +69,6 @@ def compact_json_grammar(schema_text: str, separators: tuple[str, str]) -> str:
         raise ValueError(_LOG_PREFIX.sub("", why)) from None
 
 
-CLOSING_CHARS = frozenset('"}]')
-JSON_STARTS = frozenset('{["-0123456789tfn')
 JSON_FORMATS = ("json_schema", "grammar")
 """Structural-tag formats that hold JSON (the gateway writes schemas as `compact_json_grammar` EBNF)."""
 
@@ -103,38 +101,6 @@ def json_anchors(tag: dict[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(anchors))
 
 
-def inside_json(text: str, anchors: tuple[str, ...]) -> str | None:
-    """Where `text` (the output so far) ends in an unclosed JSON value that started right after the
-    last of `anchors` in it (see `json_anchors`): "string" in an open string, "container" in an open
-    object or array outside a string, None outside JSON."""
-    start = -1
-    for a in anchors:
-        at = 0 if a == "" else text.rfind(a)
-        if at >= 0:
-            start = max(start, at + len(a))
-    region = text[start:].lstrip() if start >= 0 else ""  # a reasoning block's end has a gap after it
-    if not region or region[0] not in JSON_STARTS:
-        return None  # nothing yet, or free text (a branch of the format without JSON)
-    depth, in_string, escaped = 0, False, False
-    for ch in region:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth <= 0:
-                return None  # the value closed: what follows is the tag's end or free text
-    return "string" if in_string else "container" if depth > 0 else None
-
-
 class Grammars:
     """Compiles constraints for one tokenizer and masks logits row by row."""
 
@@ -158,30 +124,14 @@ class Grammars:
         self._closers: dict[str, torch.Tensor] | None = None
 
     def closer(self, masked: torch.Tensor, where: str) -> int | None:
-        """The most likely id under `masked` (logits after `mask`) that only closes what is open at
-        `where` (`inside_json`): in a string a `"` (perhaps with `}`/`]` after it), in an object or array
-        a `}`/`]`; where the grammar allows none, a `,` that moves on to a required member; None when
-        neither is allowed here (a key's name, a value: sampled as usual)."""
+        """The likeliest id under `masked` (logits after `mask`) that closes what is open at `where`
+        (`inside_json`), else a `,` on to a required member; None when neither is allowed here."""
         if self._closers is None:
-            ids = list(range(self.vocab_size))
-            texts = [self._tokenizer.convert_tokens_to_string([t]) if t else ""
-                     for t in self._tokenizer.convert_ids_to_tokens(ids)]
-
-            def ids_where(keep: Any) -> torch.Tensor:
-                m = torch.zeros(self.vocab_size, dtype=torch.bool)
-                m[[i for i, t in zip(ids, texts) if t and keep(t)]] = True
-                return m
-
-            self._closers = {"string": ids_where(lambda t: t[0] == '"' and set(t) <= CLOSING_CHARS),
-                             "container": ids_where(lambda t: set(t) <= CLOSING_CHARS - {'"'}),
-                             "mover": ids_where(lambda t: t.strip() == ",")}
-        allowed = torch.isfinite(masked[: self.vocab_size])
-        for tier in (self._closers[where], self._closers["mover"]):
-            pick = allowed & tier
-            if bool(pick.any()):
-                self.closed_tokens += 1
-                return int(torch.where(pick, masked[: self.vocab_size], torch.tensor(float("-inf"))).argmax())
-        return None
+            self._closers = closing_tiers(self._tokenizer, self.vocab_size)
+        tok = pick_closer(masked[: self.vocab_size], self._closers, where)
+        if tok is not None:
+            self.closed_tokens += 1
+        return tok
 
     def compile(self, tag: dict[str, Any]) -> Any:
         key = tag_json(tag)

@@ -73,7 +73,8 @@ log = logging.getLogger(__name__)
 
 LAUNCHER = Path(__file__).with_name("vllm_launch.py")
 WORKER_DIR = Path(__file__).with_name("vllm_worker")
-"""On a started server's PYTHONPATH: clawloop's worker extension (`clawloop_weight_sync.py`)."""
+"""On a started server's PYTHONPATH: clawloop's worker extension (`clawloop_weight_sync.py`) and logits
+processor (`clawloop_json_close.py`)."""
 BASE_NAME = "clawloop-base"
 """The name the base model is served under; LoRA versions are `clawloop-vN`."""
 STOP_GRACE_S = 20.0
@@ -406,6 +407,11 @@ class VLLMEngine:
             # vLLM compiles the same structural tag with xgrammar, its default backend; its raw logprobs
             # are then taken after the grammar's mask, as the hf engine reports them.
             sp["structured_outputs"] = {"structural_tag": json.dumps(p.constraint)}
+            if p.close_within:  # the servers load clawloop_json_close.JsonClose (`_server_args`)
+                from clawloop.engines.grammar import json_anchors
+                from clawloop.engines.vllm_worker.clawloop_json_close import ANCHORS, CLOSE_WITHIN
+
+                sp["extra_args"] = {CLOSE_WITHIN: int(p.close_within), ANCHORS: list(json_anchors(p.constraint))}
         body: dict[str, Any] = {"token_ids": list(request.prompt_ids), "sampling_params": sp,
                                 "stream": request.stream}
         if adapter is not None:
@@ -731,6 +737,7 @@ class VLLMEngine:
             args += ["--enable-sleep-mode"]
         if self.shared_memory:
             args += ["--worker-extension-cls", "clawloop_weight_sync.WeightSync"]
+        args += ["--logits-processors", "clawloop_json_close:JsonClose"]  # constrained JSON ends within max_tokens
         return args + self.extra_args
 
     def _server_env(self, r: HTTPReplica) -> dict[str, str]:
@@ -738,8 +745,7 @@ class VLLMEngine:
         env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
-        if self.shared_memory:
-            env["PYTHONPATH"] = str(WORKER_DIR)  # the worker extension, and nothing else of clawloop's
+        env["PYTHONPATH"] = str(WORKER_DIR)  # the worker extension and logits processor, nothing else of clawloop's
         if not _has_cuda():
             env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE",
                                                            str(max(1, int(round(self.kv_cache_gib)))))
