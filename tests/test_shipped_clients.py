@@ -3,7 +3,7 @@
 (json_schema and function_calling) and the OpenAI Agents SDK, with `max_tokens=48` and schemas
 with no bounds (free strings, integers). The gateway constrains decoding to the schema; the shipped
 model alone does not close its objects (issue #28: it writes digits until max_tokens, 0/10 of these
-calls succeeded before), so in the last `serve.close_json_tokens` (32) tokens of the budget the hf
+calls succeeded before), so in the last `serve.close_json_tokens` (16) tokens of the budget the hf
 engine takes the likeliest allowed token that closes the JSON or moves on to a required member
 (engines/grammar.py): LangChain's calls get valid objects, whose values are whatever the model wrote.
 `tests/test_clients.py` covers the same clients on a random model with bounded schemas.

@@ -188,16 +188,17 @@ def test_json_closes_within_max_tokens_through_vllm(vllm_gateway):
         return c.chat.completions.create(model="m", messages=Q, response_format=rf, max_tokens=32, seed=seed,
                                          temperature=1.0).choices[0]
 
-    closed = [ask(s) for s in range(3)]
-    for ch in closed:
-        assert ch.finish_reason == "stop", ch
-        assert set(json.loads(ch.message.content)) == {"s", "n", "t"}, ch.message.content
     before = cfg.serve.close_json_tokens
-    cfg.serve.close_json_tokens = 0
     try:
+        cfg.serve.close_json_tokens = 24  # closing from the 9th token of 32: room for the three members
+        closed = [ask(s) for s in range(3)]
+        cfg.serve.close_json_tokens = 0
         alone = [ask(s) for s in range(3)]
     finally:
         cfg.serve.close_json_tokens = before
+    for ch in closed:
+        assert ch.finish_reason == "stop", ch
+        assert set(json.loads(ch.message.content)) == {"s", "n", "t"}, ch.message.content
     assert [ch.finish_reason for ch in alone].count("length") >= 2, [ch.message.content for ch in alone]
 
 

@@ -120,7 +120,7 @@ class ServeConfig:
                                   "in a gap: 0 (default) none, json.dumps' separators only, so a weak model cannot "
                                   "pad a reply with newlines until max_tokens (vLLM's disable_any_whitespace); N "
                                   "allows pretty-printed JSON.", flags=("--json-whitespace",))
-    close_json_tokens: int = opt(32, "In the last N tokens of a constrained reply's max_tokens, inside an unclosed "
+    close_json_tokens: int = opt(16, "In the last N tokens of a constrained reply's max_tokens, inside an unclosed "
                                      "JSON value (response_format, tool arguments), choose the likeliest token "
                                      "that closes it, so a weak model's JSON ends valid instead of cut (both "
                                      "engines); 0: off.", flags=("--close-json-tokens",))

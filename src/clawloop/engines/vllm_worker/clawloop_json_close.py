@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 CLOSING_CHARS = frozenset('"}]')
+PUNCTUATION = frozenset('"}],: \n')
 JSON_STARTS = frozenset('{["-0123456789tfn')
 CLOSE_WITHIN = "clawloop_close_within"
 ANCHORS = "clawloop_json_anchors"
@@ -65,8 +66,10 @@ def inside_json(text: str, anchors: tuple[str, ...] | list[str]) -> str | None:
 
 
 def closing_tiers(tokenizer: Any, vocab_size: int) -> dict[str, torch.Tensor]:
-    """(vocab_size,) bool masks of the ids whose text only closes: "string" (a `"`, perhaps with `}`/`]`
-    after it), "container" (`}`/`]` only), "mover" (a `,`)."""
+    """(vocab_size,) bool masks of the ids that close: "string" (a `"`, perhaps followed by JSON's own
+    punctuation, as a tokenizer merges `":` or `"}}`), "container" (`}`/`]`, perhaps with whitespace),
+    "mover" (a `,`, perhaps with the space and quote after it). Merged forms matter: a model that
+    writes `":` after a key, made to write `"` alone, goes off its own tokenization."""
     n = min(vocab_size, len(tokenizer))
     ids = list(range(n))
     texts = [tokenizer.convert_tokens_to_string([t]) if t else "" for t in tokenizer.convert_ids_to_tokens(ids)]
@@ -76,9 +79,9 @@ def closing_tiers(tokenizer: Any, vocab_size: int) -> dict[str, torch.Tensor]:
         m[[i for i, t in zip(ids, texts) if t and keep(t)]] = True
         return m
 
-    return {"string": where(lambda t: t[0] == '"' and set(t) <= CLOSING_CHARS),
-            "container": where(lambda t: set(t) <= CLOSING_CHARS - {'"'}),
-            "mover": where(lambda t: t.strip() == ",")}
+    return {"string": where(lambda t: t[0] == '"' and set(t[1:]) <= PUNCTUATION),
+            "container": where(lambda t: t[0] in "}]" and set(t) <= CLOSING_CHARS - {'"'} | set(" \n")),
+            "mover": where(lambda t: t[0] == "," and set(t) <= set(', "'))}
 
 
 def pick_closer(masked: torch.Tensor, tiers: dict[str, torch.Tensor], where: str) -> int | None:
