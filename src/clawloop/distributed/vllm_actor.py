@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clawloop.engines.vllm import HTTPReplica, VLLMEngine, VLLMProcess
+from clawloop.engines.vllm import WORKER_DIR, HTTPReplica, VLLMEngine, VLLMProcess
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ class VLLMHost:
         full.update(env)
         full.pop("VIRTUAL_ENV", None)
         full.pop("PYTHONPATH", None)
+        if "PYTHONPATH" in env:  # clawloop's vLLM modules (logits processor, worker extension) as on this node
+            full["PYTHONPATH"] = str(WORKER_DIR)
         if not full.get("CUDA_VISIBLE_DEVICES"):
             full.pop("CUDA_VISIBLE_DEVICES", None)  # Ray sets it empty for a CPU-only actor
         args = [*args_before_host, "--host", self.node_ip, "--port", str(port), *args_after_port]
