@@ -92,6 +92,9 @@ def serve(a: argparse.Namespace) -> int:
     """One gateway: this tree's or a past revision's clawloop (whichever PYTHONPATH names first)."""
     import uvicorn
 
+    # the module's top took this tree's src off sys.path; the build this process was given is on PYTHONPATH
+    sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
     from clawloop.apps.serve import build_app
     from clawloop.config import load_config
 
