@@ -4,7 +4,7 @@ body (stream false, with and without logprobs) sent straight to the replica (its
 
     .venv/bin/python bench/vllm_paths_probe.py http://127.0.0.1:<replica port>
 """
-import asyncio, httpx, time, sys, json
+import asyncio, httpx, time, sys
 from transformers import AutoTokenizer
 GW = "http://127.0.0.1:18477"; V = sys.argv[1]
 tok = AutoTokenizer.from_pretrained("/tmp/rand4x128")
