@@ -297,6 +297,10 @@ class PostgresBase(SQLiteBase):
             for c in self._link_open:
                 c.close()
             self._link_open, self._link_idle = [], []
+        try:  # released here, answered by the server: a close() is not seen a moment later by the server's backend
+            self._owner_conn.execute("SELECT pg_advisory_unlock(?)", (self.owner,))
+        except Exception:
+            pass  # the connection is gone already: so is its lock
         self._owner_conn.close()
 
 
