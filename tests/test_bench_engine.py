@@ -239,3 +239,78 @@ def test_stream_interval_coalesces_writes(bench_engine, random_model_dir, tmp_pa
         assert reads < 30, reads
     finally:
         g.stop()
+
+
+class ClosingStub:
+    """bench/vllm_stub.py's answers, but every kept-alive connection is closed by the server when its
+    second request arrives, unanswered: the race of a server's keep-alive timeout with a client's reuse
+    (vLLM's uvicorn closes idle connections after 5 s; its clock and the client's differ)."""
+
+    def __init__(self, model_dir):
+        import vllm_stub
+
+        from clawloop.engines.bench import BenchEngine
+
+        self.stub = vllm_stub.Stub(BenchEngine(model_dir))
+        self.closed = self.answered = 0
+
+    async def handle(self, reader, writer):
+        import json
+
+        from vllm_stub import respond
+
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                line, *fields = head.decode("latin-1").split("\r\n")
+                hdr = {k.strip().lower(): v.strip() for k, _, v in (f.partition(":") for f in fields if f)}
+                data = await reader.readexactly(int(hdr.get("content-length") or 0))
+                if "/inference/v1/generate" not in line:
+                    respond(writer, 200, b"{}")
+                    await writer.drain()
+                    continue
+                if served:
+                    self.closed += 1
+                    return  # unanswered: the connection closes
+                await self.stub.generate(json.loads(data), writer)
+                served += 1
+                self.answered += 1
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+
+def test_a_kept_alive_connection_the_server_closed_is_not_a_failure(random_model_dir, tmp_path):
+    """A generate call that meets a kept-alive connection the server closed before answering is sent
+    again on a fresh one: the caller sees its tokens, the replica stays up and unsuspected."""
+    from clawloop.engines.base import GenerationRequest, SamplingParams
+    from clawloop.engines.vllm import VLLMEngine
+
+    stub = ClosingStub(random_model_dir)
+
+    async def run():
+        await stub.stub.engine.start()
+        server = await asyncio.start_server(stub.handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        eng = VLLMEngine(random_model_dir, urls=[url], data_dir=tmp_path / "data", health_interval_s=60)
+        await eng.start()
+        try:
+            outs = []
+            for i in range(4):  # one after another: each reuses the connection the previous one left
+                req = GenerationRequest([1, 2, 3], SamplingParams(max_tokens=5), f"r{i}", stream=bool(i % 2))
+                outs.append([ev.token_id async for chunk in eng.generate_chunks(req) for ev in chunk
+                             if ev.token_id is not None])
+            return outs, eng.stats(), eng.health()
+        finally:
+            await eng.stop()
+            server.close()
+
+    outs, stats, health = asyncio.run(run())
+    ref = stub.stub.engine
+    assert outs == [passage_ids(ref, 5)] * 4
+    assert stub.closed >= 3 and stub.answered == 4  # the server did close reused connections
+    assert stats["engine/stale_connections"] == stub.closed
+    (rep,) = health["replicas"]
+    assert rep["state"] == "up" and rep["last_error"] is None

@@ -18,6 +18,13 @@ the logprobs those of the unmodified distribution (temperature 1, no top-p),
 the hf engine's contract and what the trainer recomputes. Closing the stream
 aborts the request in vLLM.
 
+The generate call goes over aiohttp; httpx stays for the control calls
+(health, pause, publish). Measured on vLLM itself (bench/RESULTS.md "vLLM
+engine"): 32 concurrent generate calls from one httpx AsyncClient reached
+vLLM's engine core a few at a time (13-15 running on average against 22-25
+from aiohttp or a raw socket client, p99 2-6 s against 0.4 s), which is what
+left vLLM's batches under-filled behind the gateway.
+
 Publishing full weights to servers clawloop started on this machine: the
 state dict is copied into a shared-memory image (`vllm_publish.py`; groups
 that did not change are not sent), then on every replica `/pause?mode=keep`
@@ -60,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
+import aiohttp
 import httpx
 import orjson
 
@@ -192,6 +200,8 @@ class _Stats(Counters):
     last_pause_s: float = 0.0
     mixed_version_responses: int = 0
     adapters_unloaded: int = 0
+    stale_connections: int = 0
+    """Generate calls sent again on a fresh connection: the kept-alive one was closed before any answer."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -251,6 +261,8 @@ class VLLMEngine:
         self.eos_token_ids = self._eos_ids()
         self.stats_ = _Stats()
         self._client: Any = None
+        self._gen: aiohttp.ClientSession | None = None
+        """The generate calls' client (module docstring: why not httpx)."""
         self._awake: asyncio.Event | None = None
         self._running = False
 
@@ -303,6 +315,13 @@ class VLLMEngine:
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=5.0, read=self.request_timeout_s, write=30.0, pool=30.0),
             limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512))
+        # keep-alive under vLLM's own 5 s (uvicorn's timeout_keep_alive), so no request goes out on a
+        # connection the server is closing; no total timeout (a long generation is fine), a read timeout
+        # per read as httpx had
+        self._gen = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0, keepalive_timeout=4.0),
+            timeout=aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=5.0,
+                                          sock_read=self.request_timeout_s), auto_decompress=False)
         self.replicas.open()
         self._awake = asyncio.Event()
         self._awake.set()
@@ -322,6 +341,7 @@ class VLLMEngine:
         except BaseException:
             await self._shutdown_processes()
             await self._client.aclose()
+            await self._gen.close()
             raise
         self._running = True
         self.replicas.start_monitor()
@@ -334,6 +354,8 @@ class VLLMEngine:
         self.loader.close()
         if self._client is not None:
             await self._client.aclose()
+        if self._gen is not None:
+            await self._gen.close()
 
     async def _shutdown_processes(self) -> None:
         procs = [r.process for r in self.replicas if r.process is not None]
@@ -419,54 +441,63 @@ class VLLMEngine:
         if request.request_id:
             body["request_id"] = f"{request.request_id}-{os.urandom(4).hex()}"
         version_at_start = adapter.version if adapter is not None else r.version
-        n = 0
-        opened = None
-        finished = False
-        try:
-            async with self._client.stream("POST", r.url + "/inference/v1/generate", json=body) as resp:
-                opened = resp
-                r.streams.add(resp)
-                if r.state != "up":  # taken down while this request connected
-                    raise EngineUnavailable(f"{r.name} is {r.state}")
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")[:500]
-                    if resp.status_code >= 500 or resp.status_code in (404, 409, 503):
-                        raise EngineUnavailable(f"{r.name}: HTTP {resp.status_code}: {text}")
-                    raise ValueError(f"vLLM refused the request: HTTP {resp.status_code}: {text}")
-                if not request.stream:  # one body: the whole response
-                    msg = orjson.loads(await resp.aread())
-                    events = [ev for ch in msg.get("choices") or [] for ev in
-                              self._events(ch, r, adapter, version_at_start, 0, k)]
-                    finished = bool(events) and events[-1].finish_reason is not None
-                    if events:
-                        yield events
-                else:
-                    buf = b""
-                    async for data in resp.aiter_bytes():
-                        # SSE messages end with a blank line; what one read brought is one step
-                        *messages, buf = (buf + data).split(b"\n\n")
-                        events = []
-                        for m in messages:
-                            if not m.startswith(b"data: ") or m == b"data: [DONE]":
-                                continue  # [DONE]: read on to the end, so the connection goes back to the pool
-                            msg = orjson.loads(m[6:])
-                            if "error" in msg and "choices" not in msg:
-                                raise EngineUnavailable(f"{r.name}: {msg['error']}")
-                            for ch in msg.get("choices") or []:
-                                evs = self._events(ch, r, adapter, version_at_start, n, k)
-                                n += sum(1 for ev in evs if ev.token_id is not None)
-                                events += evs
+        payload = orjson.dumps(body)
+        for attempt in (0, 1):
+            n = 0
+            opened = None
+            finished = False
+            try:
+                async with self._gen.post(r.url + "/inference/v1/generate", data=payload,
+                                          headers={"content-type": "application/json"}) as resp:
+                    opened = resp
+                    r.streams.add(resp)
+                    if r.state != "up":  # taken down while this request connected
+                        raise EngineUnavailable(f"{r.name} is {r.state}")
+                    if resp.status != 200:
+                        text = (await resp.read()).decode(errors="replace")[:500]
+                        if resp.status >= 500 or resp.status in (404, 409, 503):
+                            raise EngineUnavailable(f"{r.name}: HTTP {resp.status}: {text}")
+                        raise ValueError(f"vLLM refused the request: HTTP {resp.status}: {text}")
+                    if not request.stream:  # one body: the whole response
+                        msg = orjson.loads(await resp.read())
+                        events = [ev for ch in msg.get("choices") or [] for ev in
+                                  self._events(ch, r, adapter, version_at_start, 0, k)]
+                        finished = bool(events) and events[-1].finish_reason is not None
                         if events:
-                            finished = events[-1].finish_reason is not None
                             yield events
-            if not finished:  # the stream ended without a finish: never pass a cut response off as whole
-                raise EngineUnavailable(f"{r.name}: the stream ended before the response finished")
-        except (httpx.TransportError, httpx.StreamError) as e:
-            self.replicas.suspect(r, f"{type(e).__name__}: {e}")
-            raise EngineUnavailable(f"{r.name} failed mid-request: {type(e).__name__}: {e}") from e
-        finally:
-            if opened is not None:
-                r.streams.discard(opened)
+                    else:
+                        buf = b""
+                        async for data in resp.content.iter_any():
+                            # SSE messages end with a blank line; what one read brought is one step
+                            *messages, buf = (buf + data).split(b"\n\n")
+                            events = []
+                            for m in messages:
+                                if not m.startswith(b"data: ") or m == b"data: [DONE]":
+                                    continue  # [DONE]: read on to the end, so the connection goes back to the pool
+                                msg = orjson.loads(m[6:])
+                                if "error" in msg and "choices" not in msg:
+                                    raise EngineUnavailable(f"{r.name}: {msg['error']}")
+                                for ch in msg.get("choices") or []:
+                                    evs = self._events(ch, r, adapter, version_at_start, n, k)
+                                    n += sum(1 for ev in evs if ev.token_id is not None)
+                                    events += evs
+                            if events:
+                                finished = events[-1].finish_reason is not None
+                                yield events
+                if not finished:  # the stream ended without a finish: never pass a cut response off as whole
+                    raise EngineUnavailable(f"{r.name}: the stream ended before the response finished")
+                return
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # connection, payload, read timeout
+                if opened is None and attempt == 0 and isinstance(e, aiohttp.ServerDisconnectedError):
+                    # closed before any answer: a kept-alive connection the server had just timed out (its
+                    # keep-alive clock runs from its last byte, ours from our read of it); on a fresh one
+                    self.stats_.stale_connections += 1
+                    continue
+                self.replicas.suspect(r, f"{type(e).__name__}: {e}")
+                raise EngineUnavailable(f"{r.name} failed mid-request: {type(e).__name__}: {e}") from e
+            finally:
+                if opened is not None:
+                    r.streams.discard(opened)
 
     def _events(self, ch: dict[str, Any], r: HTTPReplica, adapter: _Adapter | None, v0: int, n0: int,
                 k: int) -> list[TokenEvent]:
@@ -819,7 +850,7 @@ class VLLMEngine:
 
     def replica_down(self, r: HTTPReplica) -> None:
         for resp in list(r.streams):  # requests waiting on it end now (503 / error chunk), not at a timeout
-            asyncio.get_running_loop().create_task(resp.aclose())
+            resp.close()  # aiohttp: the connection closes now; its reader raises ClientConnectionError
         r.streams.clear()
 
     async def _post(self, r: HTTPReplica, path: str, *, json: Any = None, params: Any = None,
@@ -846,6 +877,7 @@ class VLLMEngine:
             **s.stats(), "engine/tokens_generated": float(s.tokens), "engine/last_pause_s": s.last_pause_s,
             "engine/mixed_version_responses": float(s.mixed_version_responses),
             "engine/lora_adapters_unloaded": float(s.adapters_unloaded),
+            "engine/stale_connections": float(s.stale_connections),
         }
         out.update({f"engine/{k}": v for k, v in s.extra.items()})
         out.update(self.replicas.stats())
