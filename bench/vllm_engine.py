@@ -11,10 +11,9 @@ same prompt, greedy, the same `max_tokens` on every request:
             streamed): what vLLM itself spends on the gateway's behalf, so
             gateway - generate is clawloop's own share;
 - httpx:    (with --with-httpx) the same generate requests sent from this
-            process with httpx configured as clawloop's engine configures it
-            (one shared AsyncClient, the engine's limits and timeouts, the
-            stream read line by line and left at `[DONE]`): the engine's HTTP
-            client on its own, without the rest of the gateway;
+            process by one shared httpx AsyncClient with the limits and
+            timeouts the engine gave it before it moved to aiohttp: the
+            client that left vLLM's batches under-filled, on its own;
 - gateway:  `clawloop serve --backend vllm` (capture on, a real SQLite store)
             in front of that same vLLM server (its URL is read from the
             gateway's GET /health, `replicas[0].url`);
@@ -46,7 +45,13 @@ temp dir: a random model rarely stops early, so `max_tokens` fixes the
 generation length (mean completion tokens per request are reported).
 
     .venv/bin/python bench/vllm_engine.py [--model DIR] [--rounds 5] [--max-tokens 32] [--no-hf]
-                                          [--hf-threads 1] [--with-httpx]
+                                          [--hf-threads 1] [--with-httpx] [--pin 0/1]
+
+`--pin 0/1` puts every thread of vLLM's processes on CPU 0 and the gateways' and the bench's on CPU 1
+once the servers are up. vLLM's CPU engine keeps ~1.9 of 2 cores busy even at concurrency 1 (its
+worker's OpenMP threads on one core, its engine core's loop on the other), so unpinned the gateway
+gets CPU time only between them; pinned, vLLM has one core for every path alike and the gateway one
+of its own, as on a GPU machine.
 
 Prints a table and, last, one JSON line.
 """
@@ -351,6 +356,48 @@ def prompt_and_eos(model: str) -> tuple[list[int], list[int]]:
     return render_prompt(tok, MESSAGES, None), sorted(eos)
 
 
+def parse_cpus(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out |= set(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def pin(spec: str, vllm_pgid: int | None, gateway_pids: list[int]) -> str:
+    """--pin VLLM/REST: every thread of vLLM's group on VLLM, the gateways' and this process's on REST
+    (threads started later inherit their creator's set)."""
+    first, _, second = spec.partition("/")
+    vllm_cpus, rest = parse_cpus(first), parse_cpus(second)
+
+    def tasks(pid: int) -> list[int]:
+        try:
+            return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            return []
+
+    vllm_pids = [] if vllm_pgid is None else [int(d) for d in os.listdir("/proc") if d.isdigit()
+                                               and _pgid(int(d)) == vllm_pgid]
+    n = {"vllm": 0, "rest": 0}
+    for pids, cpus, key in ((vllm_pids, vllm_cpus, "vllm"), (gateway_pids + [os.getpid()], rest, "rest")):
+        for pid in pids:
+            for tid in tasks(pid):
+                try:
+                    os.sched_setaffinity(tid, cpus)
+                    n[key] += 1
+                except OSError:
+                    pass
+    return (f"{n['vllm']} vLLM threads ({len(vllm_pids)} processes) on CPUs {sorted(vllm_cpus)}, "
+            f"{n['rest']} gateway and bench threads on {sorted(rest)}")
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 def skip(reason: str) -> int:
     print(f"skipped: {reason}")
     print(json.dumps({"bench": "vllm_engine", "skipped": reason}))
@@ -376,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="extra argument for the vLLM gateway's `clawloop serve` (repeatable)")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs (logs, stores)")
+    ap.add_argument("--pin", default="",
+                    help="VLLM_CPUS/REST_CPUS, e.g. 0/1: once up, every thread of vLLM's process group on the "
+                         "first CPU set, the gateways' and this process's on the second, so the gateway does "
+                         "not wait for CPU time behind vLLM's busy engine loop (as on a GPU machine, where "
+                         "vLLM's own processes leave the other cores free)")
     a = ap.parse_args(argv)
 
     from clawloop.engines.vllm import VLLMNotInstalled, find_vllm_python
@@ -428,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
                   "hf": "clawloop"}
         print(f"ready: vllm gateway {startup['gateway']:.0f} s (vLLM replica {urls['direct']}, pgid {vllm_pgid})"
               + (f", hf gateway {startup['hf']:.0f} s" if "hf" in startup else ""), flush=True)
+        if a.pin:
+            pinned = pin(a.pin, vllm_pgid, [s.proc.pid for s in servers.values()])
+            print(f"pinned: {pinned}", flush=True)
         meter = CpuMeter(vllm_pgid, {"gateway": servers["gateway"].proc.pid,
                                      **({"hf": servers["hf"].proc.pid} if "hf" in servers else {})})
 
@@ -539,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
           f"req/s gateway/direct >= 0.9 at c32: {'met' if rps_ok else 'NOT met'}")
     print(f"vLLM process group after the gateway stopped: {group_note}")
     print(json.dumps({"bench": "vllm_engine", "model": model_desc, "max_tokens": a.max_tokens, "rounds": a.rounds,
-                      "n1": a.n1, "n32": a.n32, "serve_args": a.serve_arg, "hf_threads": a.hf_threads,
+                      "n1": a.n1, "n32": a.n32, "serve_args": a.serve_arg, "pin": a.pin, "hf_threads": a.hf_threads,
                       "startup_s": {k: round(v, 1) for k, v in startup.items()},
                       "goal_p50_ratio": 1.10, "goal_rps_ratio_c32": 0.9, "p50_goal_met": p50_ok,
                       "rps_goal_met": rps_ok, "vllm_group_after_stop": group_note,
