@@ -23,7 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 EXTRA="fastapi starlette pydantic pydantic-core typing-inspection annotated-types python-multipart opentelemetry-api
-       orjson uvicorn httptools openai distro jiter sniffio vaderSentiment xgrammar"
+       orjson uvicorn httptools openai distro jiter sniffio vaderSentiment xgrammar
+       aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl"
 
 if [ "${1:-}" = wheels ]; then
   dir=${2:-.whl}
