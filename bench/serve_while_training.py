@@ -643,6 +643,10 @@ def main(argv: list[str] | None = None) -> int:
         print("publish parts        medians: " + ", ".join(
             f"{k} {v / 1e6:.2f} MB" if k.startswith("bytes") else f"{k} {v * 1e3:.1f} ms" if k.endswith("_s")
             else f"{k} {v:g}" for k, v in parts.items()))
+    if samples and samples[0].parts:
+        worst = max(samples, key=lambda s: s.stall_s)
+        print(f"slowest publish      stall {worst.stall_s * 1e3:.1f} ms, pause {worst.pause_s * 1e3:.1f} ms; parts: "
+              + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(worst.parts.items()) if k.endswith("_s")))
     if step_s:
         print(f"train step           median {statistics.median(step_s) * 1e3:.0f} ms")
     print(f"longest chunk gap    busy {busy['gap_max_ms']:.1f} ms vs idle {idle['gap_max_ms']:.1f} ms "

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from clawloop.engines.vllm import LAUNCHER
+from clawloop.engines.vllm_process import LAUNCHER
 
 API_SERVER = '''
 import os, subprocess, sys, time
@@ -34,7 +34,7 @@ time.sleep(600)
 OWNER = '''
 import os, sys, time
 from pathlib import Path
-from clawloop.engines.vllm import VLLMProcess
+from clawloop.engines.vllm_process import VLLMProcess
 
 fake, pidfile, log = sys.argv[1:4]
 env = dict(os.environ, PYTHONPATH=fake, CLAWLOOP_REAP_GRACE_S="1")

@@ -59,8 +59,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -74,100 +72,21 @@ import orjson
 from clawloop.config import ConfigError
 from clawloop.engines.base import EngineUnavailable, GenerationRequest, LoraAdapter, TokenEvent
 from clawloop.engines.replicas import Counters, Probe, Replica, ReplicaSet
+from clawloop.engines.vllm_process import (VLLMNotInstalled, VLLMProcess, _explain, _free_port, _has_cuda,
+                                          find_vllm_python)
 from clawloop.engines.vllm_publish import (ImageLoader, Staged, WeightImages, is_tied, shared_memory_available,
                                           untied_model_dir)
 
 log = logging.getLogger(__name__)
 
-LAUNCHER = Path(__file__).with_name("vllm_launch.py")
 WORKER_DIR = Path(__file__).with_name("vllm_worker")
 """On a started server's PYTHONPATH: clawloop's worker extension (`clawloop_weight_sync.py`) and logits
 processor (`clawloop_json_close.py`)."""
 BASE_NAME = "clawloop-base"
 """The name the base model is served under; LoRA versions are `clawloop-vN`."""
-STOP_GRACE_S = 20.0
 
-
-class VLLMNotInstalled(ConfigError):
-    """The vLLM environment is missing: a one-line error that says how to get it."""
-
-
-def find_vllm_python(explicit: str = "") -> Path:
-    """The vLLM environment's Python: `--vllm-python`, else `.venv-vllm` in the
-    working directory or beside the environment clawloop runs in."""
-    if explicit:
-        p = Path(explicit)
-        if not p.exists():
-            raise VLLMNotInstalled(f"model.vllm_python: {p} does not exist (run `make vllm` to create "
-                                   ".venv-vllm, or point --vllm-python at a Python that has vLLM)")
-        return p
-    candidates = [Path.cwd() / ".venv-vllm" / "bin" / "python",
-                  Path(sys.prefix).parent / ".venv-vllm" / "bin" / "python"]
-    for c in candidates:
-        if c.exists():
-            return c
-    raise VLLMNotInstalled(f"--backend vllm: no vLLM environment at {candidates[0].parent.parent}: "
-                           "run `make vllm` (or pass --vllm-python PATH)")
-
-
-def _has_cuda() -> bool:
-    return shutil.which("nvidia-smi") is not None
-
-
-class VLLMProcess:
-    """One vLLM server started by us: its own process group, log file, and stop."""
-
-    def __init__(self, python: Path, args: list[str], env: dict[str, str], log_path: Path):
-        self.python, self.args, self.env, self.log_path = python, args, env, log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        logf = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(
-                [str(self.python), str(LAUNCHER), str(os.getpid()), "--", *self.args],
-                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
-                start_new_session=True, close_fds=True)
-        finally:
-            logf.close()
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def exited(self) -> int | None:
-        """The exit code once the server process has exited, else None."""
-        return None if self.proc is None else self.proc.poll()
-
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM to the process group (vLLM and its engine/worker processes), SIGKILL after `grace_s`."""
-        if self.proc is None:
-            return
-        pgid = self.proc.pid  # start_new_session: the group id is the child's pid
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # whatever is left of the group (engine core, workers)
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            log.error("vLLM process %d did not exit after SIGKILL", pgid)
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-n:])
+__all__ = ["BASE_NAME", "HTTPReplica", "VLLMEngine", "VLLMNotInstalled", "VLLMProcess", "WORKER_DIR",
+           "find_vllm_python"]
 
 
 @dataclass
@@ -252,6 +171,7 @@ class VLLMEngine:
         self.managed = not urls
         self.images = WeightImages()
         self.loader = ImageLoader()
+        self._thread_wait = 0.0
         self.shared_memory = False
         """Full weights go through `self.images` and the worker extension (set at start), else as files."""
         reps = ([HTTPReplica(i, f"replica{i}", url=u.rstrip("/")) for i, u in enumerate(urls)] if urls else
@@ -539,6 +459,7 @@ class VLLMEngine:
         down gets them when it comes back. Returns once new requests get `version`."""
         async with self.replicas.lock:
             t0 = time.perf_counter()
+            self._thread_wait = 0.0
             version = int(version)
             try:
                 if isinstance(weights, LoraAdapter):
@@ -548,7 +469,7 @@ class VLLMEngine:
                     path = await asyncio.to_thread(self._write_adapter, weights, version)
                     await self._publish_adapter(path, version)
                 elif self.shared_memory and not isinstance(weights, (str, Path)):
-                    staged = await asyncio.to_thread(self.images.stage, self._served_tensors(weights), version)
+                    staged = await self._in_publish_thread(self.images.stage, self._served_tensors(weights), version)
                     await self._publish_image(staged)
                 else:
                     if isinstance(weights, (str, Path)):
@@ -561,6 +482,7 @@ class VLLMEngine:
                 raise
             self.stats_.publishes += 1
             self.stats_.last_publish_s = time.perf_counter() - t0
+            self.stats_.extra["publish_thread_wait_s"] = self._thread_wait
             await asyncio.to_thread(self._prune_weights)
 
     async def _publish_full(self, path: str, version: int) -> None:
@@ -580,10 +502,27 @@ class VLLMEngine:
         self._weights_path = None
         self._adapter = None
 
+    async def _in_publish_thread(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` on a thread kept for publishes: not queued behind the default executor's work
+        (long prompts' rendering, shared-store claims). The longest wait for a thread in the last
+        publish is `publish_thread_wait_s`."""
+        t0 = time.perf_counter()
+        waited: list[float] = []
+
+        def run() -> Any:
+            waited.append(time.perf_counter() - t0)
+            return fn(*args)
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.loader.outer, run)
+        finally:
+            if waited:
+                self._thread_wait = max(self._thread_wait, waited[0])
+
     async def _load_image(self, r: HTTPReplica, manifest: str, version: int) -> None:
         """Paused, the replica loads the image's changed groups, is tagged and drops its prefix
         cache (see `ImageLoader`: from a thread, off the serving loop)."""
-        done = await asyncio.to_thread(self.loader.load, r.url, manifest, version)
+        done = await self._in_publish_thread(self.loader.load, r.url, manifest, version)
         r.version = version
         self.stats_.last_pause_s = done["pause_s"]
         self.stats_.extra.update({f"publish_{k}": float(done[k]) for k in
@@ -884,27 +823,8 @@ class VLLMEngine:
         return out
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _as_version(v: Any, default: int) -> int:
     try:
         return int(v)
     except (TypeError, ValueError):
         return default  # "default": a server that was never tagged
-
-
-def _explain(tail: str) -> str:
-    """The lines of a vLLM log that say why it died, with a plain-words note for common causes."""
-    lines = [ln for ln in tail.splitlines() if ("Error" in ln or "error" in ln or "not supported" in ln)]
-    note = ""
-    if "not supported" in tail and "rchitecture" in tail:
-        note = "vLLM cannot load this model's architecture; use --backend hf or a model vLLM supports.\n"
-    elif "torchvision::nms" in tail:
-        note = "torchvision in the vLLM environment is broken for this torch; rerun `make vllm`.\n"
-    return note + ("\n".join(lines[-8:]) if lines else tail[-2000:])

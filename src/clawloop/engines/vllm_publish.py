@@ -209,6 +209,8 @@ class ImageLoader:
         self._local = threading.local()
         self._clients: list[Any] = []
         self._pool = ThreadPoolExecutor(3, thread_name_prefix="clawloop-publish")
+        self.outer = ThreadPoolExecutor(8, thread_name_prefix="clawloop-publish-outer")
+        """The engine's side of a publish (staging the image, `load` per replica): threads of its own."""
 
     def _post(self, url: str, path: str, *, json: Any = None, params: Any = None, timeout: float = 60.0) -> Any:
         import httpx
@@ -250,6 +252,7 @@ class ImageLoader:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+        self.outer.shutdown(wait=False)
         for c in self._clients:
             c.close()
         self._clients.clear()
