@@ -11,7 +11,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # One vLLM release for both builds, so the endpoints clawloop uses are the same on CPU and GPU.
 VLLM_VERSION ?= 0.32.0
 
-.PHONY: bench-gpu run test bench install install-dev tiny-model clean vllm test-vllm test-ray test-browser test-gpu sysdeps openclaw test-openclaw test-postgres test-families
+.PHONY: bench-gpu run test test-slow bench install install-dev tiny-model clean vllm test-vllm test-ray test-browser test-gpu sysdeps openclaw test-openclaw test-postgres test-families
 
 # Every suite prints why each skipped test skipped (-rs, with the usual failures and errors: -rfEs).
 # A skip for a missing part (sandbox, browser, ray, vllm, gpu) fails instead where CLAWLOOP_REQUIRE
@@ -75,7 +75,13 @@ sysdeps:
 
 test: $(DEVSTAMP)
 	-@$(MAKE) --no-print-directory sysdeps
-	$(PYTEST) tests -m "not vllm and not ray and not browser and not openclaw and not postgres and not families"
+	$(PYTEST) tests -m "not vllm and not ray and not browser and not openclaw and not postgres and not families and not slow"
+
+# The longest end-to-end tests of the core (persona eval, demo, shipped terminal tasks, eval tasks:
+# about a minute on 2 cores, marked `slow`), kept out of `make test` so it stays under ~5 minutes;
+# run by .ci/run.
+test-slow: $(DEVSTAMP)
+	$(PYTEST) tests -m "slow and not vllm and not ray and not browser and not openclaw and not postgres and not families"
 
 # Headless chromium: the dashboard in a real browser and the GUI track (tests marked `browser`);
 # they skip with the reason when chromium or its driver is missing (fail, under CLAWLOOP_REQUIRE=browser).

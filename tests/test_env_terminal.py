@@ -76,6 +76,7 @@ def run_episode(task, opts, slot, messages):
 
 # ---- the shipped tasks -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_shipped_tasks_oracle_passes_and_doing_nothing_does_not():
     opts = EnvOptions(command_timeout_s=60)
     tasks = TRACK.load_tasks(opts)

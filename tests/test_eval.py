@@ -50,6 +50,7 @@ def test_rule_rater_and_user_follow_the_persona():
         personas_from("student,pirate")
 
 
+@pytest.mark.slow
 def test_coding_check_runs_the_asserts_in_the_sandbox():
     from clawloop.envs.sandbox import SandboxUnavailable, choose_level
 
@@ -76,6 +77,7 @@ def test_coding_check_runs_the_asserts_in_the_sandbox():
     assert extract_code("    return a + b\n", "add_two", row["prompt"]).startswith(row["prompt"])
 
 
+@pytest.mark.slow
 def test_personas_before_and_after_training_with_built_in_users(tmp_path):
     """`clawloop eval` starts a clawloop up per persona (the tiny model), measures, lets the persona's users
     train it for an update, measures again at a newer policy version; JSON + PNG."""
@@ -122,6 +124,7 @@ def test_llm_users_and_rater_at_an_openai_url(make_gateway, tmp_path):
     assert "(llm users" in listed[0]["name"]
 
 
+@pytest.mark.slow
 def test_checkpoint_tasks_and_posting_to_a_dashboard(random_model_dir, gateway, tmp_path):
     out = tmp_path / "ckpt.json"
     r = run_cli("eval", "--model-path", str(random_model_dir), "--eval-tasks", "conversation,coding,tool-use",

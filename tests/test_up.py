@@ -13,6 +13,7 @@ import time
 
 import httpx
 import openai
+import pytest
 
 from conftest import free_port, run_cli
 
@@ -115,6 +116,7 @@ def test_up_learns_publishes_shuts_down_and_survives_kill(random_model_dir, tmp_
     assert {s["session_id"] for s in sessions} == {"u0", "u1", "u2", "after-restart"}
 
 
+@pytest.mark.slow
 def test_demo_runs_and_writes_its_curve(random_model_dir, tmp_path):
     """The demo's mechanics on the random model (it cannot learn a style in one
     update; the learning itself is measured by `clawloop demo`, see bench/RESULTS.md)."""
