@@ -37,7 +37,13 @@ by this bench and by everything else (from /proc) are printed beside the
 figures.
 
     .venv/bin/python bench/serve_while_training.py [--model DIR] [--publishes 20] [--busy-max-s 480]
-    .venv/bin/python bench/serve_while_training.py --backend vllm --model DIR
+    .venv/bin/python bench/serve_while_training.py --backend vllm --model DIR [--pin 0/1]
+
+`--pin 0/1` (vLLM only) puts every thread of vLLM's process group on CPU 0 and
+`clawloop up`'s (gateway and trainer) and this bench's on CPU 1, as
+`bench/vllm_engine.py --pin` does: on a GPU machine vLLM's engine runs on the
+GPU and the gateway has its cores, while vLLM's CPU engine here keeps both
+cores busy and a publish's copies and calls wait for CPU between its threads.
 
 Prints a table and, last, one JSON line.
 """
@@ -496,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="... and at least this long, so its percentiles rest on as many probes as idle's")
     ap.add_argument("--busy-max-s", type=float, default=480.0, help="time limit of the busy phase")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pin", default="",
+                    help="VLLM/REST CPU lists, e.g. 0/1: vLLM's process group on VLLM, clawloop up and the bench on "
+                         "REST (--backend vllm)")
     ap.add_argument("--keep", action="store_true", help="keep the data dir (store, checkpoint, up.log)")
     a = ap.parse_args(argv)
 
@@ -529,6 +538,10 @@ def main(argv: list[str] | None = None) -> int:
             h = httpx.get(up.url + "/health", timeout=10).json()
             vllm_pgid = h["replicas"][0]["pid"]  # started in its own session: its pid is the group id
             print(f"vLLM replica {h['replicas'][0]['url']} (process group {vllm_pgid})", flush=True)
+            if a.pin:
+                from vllm_engine import pin
+
+                print(f"pinned: {pin(a.pin, vllm_pgid, [up.proc.pid])}", flush=True)
         watcher.start()
 
         meter = CpuMeter(up.proc.pid, vllm_pgid)
@@ -632,7 +645,9 @@ def main(argv: list[str] | None = None) -> int:
           f"train steps {train_steps}")
     if stalls:
         print(f"publish stall        median {statistics.median(stalls) * 1e3:.1f} ms, "
-              f"max {max(stalls) * 1e3:.1f} ms  (engine: weights ready -> served; n={len(stalls)})")
+              f"p90 {pct(stalls, 90) * 1e3:.1f} ms, max {max(stalls) * 1e3:.1f} ms  "
+              f"(engine: weights ready -> served; n={len(stalls)}); all: "
+              + " ".join(f"{x * 1e3:.0f}" for x in stalls))
     if pauses:
         print(f"publish pause        median {statistics.median(pauses) * 1e3:.1f} ms, "
               f"max {max(pauses) * 1e3:.1f} ms  (vLLM: /pause -> reload -> /resume, requests frozen; "
@@ -673,6 +688,7 @@ def main(argv: list[str] | None = None) -> int:
                    for k, v in phases.items()},
         "p99_ratio_busy_idle": r(ratio), "p99_ratio_busy_quiet": r(ratio_quiet), "goal_p99_ratio": 1.5,
         "non_2xx": non2xx, "failures": failures, "server_non_2xx": int(server_non2xx), "responses": tally.total(),
+        **({"pin": a.pin} if a.pin else {}),
         "publishes": busy_publishes, "versions_seen": len(samples), "engine_publishes_total": engine_publishes,
         "train_steps": train_steps,
         "first_publish_s": finite(r(t_first_publish)),

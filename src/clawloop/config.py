@@ -266,6 +266,9 @@ class TrainConfig:
                                       flags=("--resume-from-checkpoint", "--load"), env=("RESUME_CKPT",))
     publish_interval: int = opt(1, "Publish weights to the engine every N steps.")
     threads: int = opt(1, "torch threads the trainer may use (protects serving on small machines).")
+    nice: int = opt(-1, "CPU priority of the trainer's thread, as nice(1): 0..19 (higher yields more to serving); "
+                        "-1: 10 when the trainer computes on the CPU, 0 on a GPU. Linux only.",
+                    flags=("--train-nice",))
     seed: int = opt(1234, "Trainer seed.", flags=("--seed",))
     device: str = opt("auto", "Trainer device: auto (cuda when available), cpu, cuda, cuda:N.",
                       flags=("--train-device",))
@@ -728,6 +731,7 @@ def validate(cfg: Config) -> None:
     need(cfg.judge.max_tokens >= 1, "judge.max_tokens", "must be >= 1")
     need(cfg.judge.max_malformed >= 0, "judge.max_malformed", "must be >= 0 (0: retry forever)")
     need(cfg.train.rollout_batch_size >= 1, "train.rollout_batch_size", "must be >= 1")
+    need(-1 <= cfg.train.nice <= 19, "train.nice", f"must be 0..19, or -1 for auto, got {cfg.train.nice}")
     need(cfg.train.lr >= 0, "train.lr", "must be > 0, or 0 for the rate by model size")
     need(cfg.train.dual_clip == 0 or cfg.train.dual_clip > 1, "train.dual_clip", "must be 0 (off) or > 1")
     need(cfg.train.source != "buffer" or bool(cfg.train.buffer_url), "train.buffer_url",

@@ -47,6 +47,8 @@ import asyncio
 import inspect
 import logging
 import math
+import os
+import sys
 import threading
 import time
 from collections import deque
@@ -73,6 +75,25 @@ from clawloop.trainer.hints import hint_candidates
 log = logging.getLogger(__name__)
 
 CURSOR = "trainer"
+
+
+def lower_priority(nice: int, device_type: str) -> int:
+    """Give the calling thread (the trainer's) CPU priority `nice` (-1: 10 on CPU, 0 on a GPU), so that
+    serving threads and an engine on the same cores run first: on a small machine a train step then
+    takes the CPU serving leaves. Linux's nice is per thread and inherited by the threads this one
+    starts; it is never raised again (that needs CAP_SYS_NICE). Returns the value in effect."""
+    want = (10 if device_type == "cpu" else 0) if nice < 0 else nice
+    if not want or not hasattr(os, "setpriority") or not sys.platform.startswith("linux"):
+        return 0
+    tid = threading.get_native_id()
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        if want > now:
+            os.setpriority(os.PRIO_PROCESS, tid, want)
+        return max(want, now)
+    except OSError as e:
+        log.warning("trainer: could not set its thread's nice to %d (%s)", want, e)
+        return 0
 
 
 def has_signal(s: Sample, method: str, negative_weight: float = 1.0) -> bool:
@@ -120,6 +141,7 @@ class TrainerLoop:
         """The newest policy version among the samples read: the staleness reference without an engine."""
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
+        self.nice = 0  # the trainer thread's nice value once it runs (train.nice)
         self.error: BaseException | None = None
         self.window: deque[int] = deque(maxlen=64)  # 1 = had signal, per judged turn
         self.counts = {"judged_seen": 0, "skipped_no_signal": 0, "truncated": 0, "publishes": 0,
@@ -184,6 +206,7 @@ class TrainerLoop:
     def _run(self) -> None:
         if self.tc.threads:
             torch.set_num_threads(self.tc.threads)
+        self.nice = lower_priority(self.tc.nice, self.trainer.device.type)
         while not self.stop_event.is_set():
             try:
                 did = self.run_once()
@@ -348,6 +371,7 @@ class TrainerLoop:
         seen = max(self.counts["judged_seen"], 1)
         out["train/truncation_rate"] = self.counts["truncated"] / seen
         out["train/last_publish_s"] = self.last_publish_s
+        out["train/nice"] = float(self.nice)
         if self.sleeps:
             out["train/last_engine_sleep_s"] = self.last_sleep_s
         out["train/tokens_trained"] = float(self.trainer.tokens_trained)
