@@ -37,7 +37,7 @@ by this bench and by everything else (from /proc) are printed beside the
 figures.
 
     .venv/bin/python bench/serve_while_training.py [--model DIR] [--publishes 20] [--busy-max-s 480]
-    .venv/bin/python bench/serve_while_training.py --backend vllm --model DIR [--pin 0/1]
+    .venv/bin/python bench/serve_while_training.py --backend vllm --model DIR [--pin 0/1] [--up-arg=--FLAG=V ...]
 
 `--pin 0/1` (vLLM only) puts every thread of vLLM's process group on CPU 0 and
 `clawloop up`'s (gateway and trainer) and this bench's on CPU 1, as
@@ -189,13 +189,14 @@ class CpuMeter:
 class Up:
     """`clawloop up` in a child process (its PID kept); stopped with SIGINT."""
 
-    def __init__(self, model: str, data_dir: str, port: int, backend: str = "hf"):
+    def __init__(self, model: str, data_dir: str, port: int, backend: str = "hf", extra: list[str] | None = None):
         self.url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "clawloop.cli", "up", "--model-path", model, "--data-dir", data_dir,
                "--port", str(port), "--rollout-batch-size", "4", "--method", "combine", "--lr", "1e-4",
                "--no-serve-status", "--judge-poll-interval-s", "0.1"]
         if backend != "hf":
             cmd += ["--backend", backend]
+        cmd += extra or []
         self.log_path = Path(data_dir) / "up.log"
         self.log = open(self.log_path, "w")
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
@@ -505,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin", default="",
                     help="VLLM/REST CPU lists, e.g. 0/1: vLLM's process group on VLLM, clawloop up and the bench on "
                          "REST (--backend vllm)")
+    ap.add_argument("--up-arg", action="append", default=[],
+                    help="one more flag for `clawloop up`, e.g. --up-arg=--train-publish-interval=8 (repeatable)")
     ap.add_argument("--keep", action="store_true", help="keep the data dir (store, checkpoint, up.log)")
     a = ap.parse_args(argv)
 
@@ -520,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     port = a.port or free_port()
     tally = Tally()
     t_start = time.time()
-    up = Up(model, data, port, a.backend)
+    up = Up(model, data, port, a.backend, a.up_arg)
     print(f"clawloop up pid {up.proc.pid} on {up.url} (data {data}, backend {a.backend})", flush=True)
     watcher = PublishWatcher(up.url, tally)
     phases: dict[str, dict] = {}
@@ -688,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
                    for k, v in phases.items()},
         "p99_ratio_busy_idle": r(ratio), "p99_ratio_busy_quiet": r(ratio_quiet), "goal_p99_ratio": 1.5,
         "non_2xx": non2xx, "failures": failures, "server_non_2xx": int(server_non2xx), "responses": tally.total(),
-        **({"pin": a.pin} if a.pin else {}),
+        **({"pin": a.pin} if a.pin else {}), **({"up_args": a.up_arg} if a.up_arg else {}),
         "publishes": busy_publishes, "versions_seen": len(samples), "engine_publishes_total": engine_publishes,
         "train_steps": train_steps,
         "first_publish_s": finite(r(t_first_publish)),

@@ -90,3 +90,57 @@ def test_another_process_reads_the_image_by_its_proc_path():
         assert json.loads(out.stdout) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     finally:
         images.close()
+
+
+def test_the_loaders_threads_have_their_clients_and_connections_before_the_first_publish():
+    """`ImageLoader.warm`: every thread a publish may run on (3 for the paused calls, 8 for the engine's
+    side) opens its client and a connection at start, so the first publish's pause does not pay for
+    them; later calls from those threads reuse them. A real HTTP server on loopback counts them."""
+    import threading
+    from concurrent.futures import wait
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from clawloop.engines.vllm_publish import ImageLoader
+
+    seen: list[tuple[str, int]] = []
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _ok(self) -> None:
+            seen.append((self.path, self.client_address[1]))
+            n = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(n)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_GET = do_POST = _ok
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    loader = ImageLoader()
+    try:
+        assert loader.warm(url) < 30
+        n = ImageLoader.INNER + ImageLoader.OUTER
+        assert len(loader._clients) == n and len(seen) == n
+        assert len({port for _, port in seen}) == n  # a connection each
+        # the paused calls run on the warmed threads: no new client, no new connection
+        barrier = threading.Barrier(ImageLoader.INNER)
+
+        def call() -> None:
+            barrier.wait(timeout=10)
+            loader._post(url, "/resume")
+
+        wait([loader._pool.submit(call) for _ in range(ImageLoader.INNER)])
+        assert len(loader._clients) == n
+        assert {port for path, port in seen if path == "/resume"} <= {port for _, port in seen[:n]}
+    finally:
+        loader.close()
+        srv.shutdown()
+        srv.server_close()

@@ -258,6 +258,10 @@ class VLLMEngine:
             await asyncio.gather(*(self._wait_healthy(r, self.start_timeout_s, first=True) for r in self.replicas))
             for r in self.replicas:
                 await self.replicas.bring_up(r)
+            if self.shared_memory:  # publishes go through the loader's threads: their clients ready now
+                for r in self.replicas:
+                    log.info("vLLM %s: publish clients ready in %.3f s", r.name,
+                             await asyncio.to_thread(self.loader.warm, r.url))
         except BaseException:
             await self._shutdown_processes()
             await self._client.aclose()
