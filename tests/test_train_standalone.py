@@ -241,3 +241,52 @@ def test_train_names_the_judge_flag_when_the_store_was_judged_under_another_name
         assert warn_if_judged_elsewhere(cfg, store) == ""
     finally:
         store.close()
+
+
+def test_a_backlog_of_stale_batches_is_read_on_without_pausing_between_them(random_model_dir, tmp_path):
+    """A batch dropped as stale is consumed, not idle time: the trainer thread reads the next one at
+    once. (It used to wait 0.5 s after each, so a backlog of stale turns produced faster than two
+    batches a second was never drained and training stopped for good: found with
+    `bench/serve_while_training.py --up-arg=--train-publish-interval=8`.) Real trainer thread, real
+    store; every wait of the thread is recorded with how many samples had been dropped by then."""
+    import threading
+    import time
+
+    from clawloop.apps.train import build_loop
+    from clawloop.naming import judge_name, open_store
+    from clawloop.trajectories import import_sessions
+
+    fresh, stale = 4, 40
+    cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__rollout_batch_size="4",
+                   train__max_staleness="2", train__negative_weight="1")
+    data = tmp_path / "turns.jsonl"
+    with open(data, "w") as f:  # the newest version first: everything after it is stale against it
+        for i in range(fresh + stale):
+            f.write(json.dumps({"session_id": f"s{i}", "turns": [{
+                "type": "main", "prompt": f"What is {i}+1?", "response": f"The answer is {i + 1}.",
+                "policy_version": 10 if i < fresh else 0,
+                "next_state": "no, just the number please" if i % 2 else "thanks, perfect!"}]}) + "\n")
+    import_sessions(cfg, data)
+    store = open_store(cfg)
+    try:
+        _judge_all(store, judge_name(cfg))
+        tl = build_loop(cfg, None, store)
+
+        class Recording(threading.Event):
+            waits: list[int] = []
+
+            def wait(self, timeout=None):
+                self.waits.append(tl.counts["stale_dropped"])
+                return super().wait(timeout)
+
+        tl.stop_event = Recording()
+        tl.start()
+        deadline = time.time() + 120
+        while tl.counts["stale_dropped"] < stale and time.time() < deadline:
+            time.sleep(0.05)
+        tl.stop(checkpoint=False)
+        assert tl.error is None
+        assert tl.counts["steps"] == 1 and tl.counts["stale_dropped"] == stale
+        assert [w for w in Recording.waits if 0 < w < stale] == []  # no pause while the backlog lasted
+    finally:
+        store.close()

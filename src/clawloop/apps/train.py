@@ -140,8 +140,10 @@ def run_train(cfg: Config, max_steps: int = 0, exit_when_idle: bool = False) -> 
                       f"stale_dropped={s.get('train/stale_dropped', 0):.0f}", flush=True)
                 if max_steps and tl.counts["steps"] >= max_steps:
                     break
+            elif tl.consumed:
+                continue  # a batch dropped as stale: read on at once (a backlog is not idle)
             elif exit_when_idle and (tl.fetch() or len(tl.pending) < cfg.train.rollout_batch_size):
-                break  # (a step that dropped a stale batch is not idle: fetch again before deciding)
+                break
             else:
                 stop.wait(1.0)
     finally:

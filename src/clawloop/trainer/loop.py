@@ -142,6 +142,12 @@ class TrainerLoop:
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
         self.nice = 0  # the trainer thread's nice value once it runs (train.nice)
+        self.consumed = False  # the last run_once took a batch (trained, or dropped as stale)
+        if engine is not None and 0 < self.tc.max_staleness < self.tc.publish_interval:
+            log.warning("train.publish_interval %d > train.max_staleness %d: each publish moves the served version "
+                        "%d ahead, so every turn served before it and not yet trained on is dropped as stale "
+                        "(train/stale_dropped); raise --max-staleness to at least the publish interval",
+                        self.tc.publish_interval, self.tc.max_staleness, self.tc.publish_interval)
         self.error: BaseException | None = None
         self.window: deque[int] = deque(maxlen=64)  # 1 = had signal, per judged turn
         self.counts = {"judged_seen": 0, "skipped_no_signal": 0, "truncated": 0, "publishes": 0,
@@ -215,7 +221,7 @@ class TrainerLoop:
                 log.exception("trainer step failed")
                 did = False
                 self.stop_event.wait(5.0)
-            if not did:
+            if not did and not self.consumed:  # a backlog of stale batches is read on without a pause
                 self.stop_event.wait(0.5)
 
     # -- one iteration ---------------------------------------------------------
@@ -273,12 +279,15 @@ class TrainerLoop:
                         len(self.window))
 
     def run_once(self) -> bool:
-        """Fetch, and step if a batch is ready. Returns True if a step ran."""
+        """Fetch, and step if a batch is ready. Returns True if a step ran; `consumed` says whether a
+        batch was taken (a batch dropped as stale is consumed without a step: read on at once)."""
+        self.consumed = False
         self.fetch()
         if len(self.pending) < self.tc.rollout_batch_size:
             self._save_cursor()  # skipped rows are consumed too
             return False
         batch = self.take_batch()
+        self.consumed = True
         served = self.engine.policy_version if self.engine is not None else self.newest_version
         stats = self.train_step(batch, served)
         self.counts["stale_dropped"] += int(stats.get("train/stale_dropped", 0))
