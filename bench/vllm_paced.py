@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
@@ -79,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n1", type=int, default=16)
     ap.add_argument("--n32", type=int, default=256)
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="one more flag for the gateway's `clawloop serve`, e.g. --serve-arg=--no-gc-freeze")
     a = ap.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="clawloop-bench-paced-")
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_http(f"http://127.0.0.1:{stub_port}/health", stub)
         gw = subprocess.Popen([str(Path(sys.executable).parent / "clawloop"), "serve", "--backend", "vllm",
                                "--engine-url", f"http://127.0.0.1:{stub_port}", "--model-path", model,
-                               "--port", str(gw_port), "--data-dir", str(Path(tmp) / "data")],
+                               "--port", str(gw_port), "--data-dir", str(Path(tmp) / "data"), *a.serve_arg],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_http(f"http://127.0.0.1:{gw_port}/health", gw)
         print(f"stub pid {stub.pid} ({a.step_ms:g} ms/token), gateway pid {gw.pid}", flush=True)
@@ -127,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
                     r["rps"].append(rps)
                     r["lat"] += lat
             print(f"round {rnd + 1}/{a.rounds} done", flush=True)
+        gc_stats = {k.removeprefix("clawloop_gateway_"): float(v) for k, v in (
+            ln.split()[:2] for ln in httpx.get(f"http://127.0.0.1:{gw_port}/metrics", timeout=10).text.splitlines()
+            if ln.startswith("clawloop_gateway_gc_"))}
     finally:
         if gw is not None:
             stop(gw)
@@ -153,9 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     by = {r["case"]: r for r in rows}
     ok = all(by[k]["gateway_over_direct_rps"] >= 0.9 and by[k]["gateway_over_direct_p50"] <= 1.1
              for k in ("c32-plain", "c32-stream"))
-    print(f"\ngoal at c32 (req/s >= 0.9x, p50 <= 1.1x, plain and stream): {'met' if ok else 'NOT met'}")
+    print(f"\ngateway's garbage collector: {gc_stats}")
+    print(f"goal at c32 (req/s >= 0.9x, p50 <= 1.1x, plain and stream): {'met' if ok else 'NOT met'}")
     print(json.dumps({"bench": "vllm_paced", "step_ms": a.step_ms, "max_tokens": a.max_tokens,
-                      "rounds": a.rounds, "goal_met": ok, "results": rows}))
+                      "rounds": a.rounds, "serve_args": a.serve_arg, "gc": gc_stats, "goal_met": ok, "results": rows}))
     return 0
 
 

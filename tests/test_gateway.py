@@ -257,3 +257,32 @@ def test_concurrent_requests_all_succeed(gateway):
                 for i in range(32)]
         results = [f.result() for f in futs]
     assert all(r.choices[0].message.content is not None for r in results)
+
+
+def test_gc_pauses_are_timed_in_metrics_and_startup_objects_are_frozen_while_serving(engine, random_model_dir, tmp_path):
+    """serve.gc_freeze (default on): once the app has started, the objects alive then are out of the
+    collector's way (gc.get_freeze_count), and /metrics times the collections; after shutdown they are
+    collectable again. A real app served with TestClient's lifespan, the random model."""
+    import gc
+
+    from fastapi.testclient import TestClient
+    from conftest import make_cfg
+
+    from clawloop.gateway import create_app
+
+    cfg = make_cfg(random_model_dir, tmp_path)
+    assert cfg.serve.gc_freeze is True
+    app = create_app(cfg, engine, None, manage_engine=False)
+    with TestClient(app) as c:
+        assert gc.get_freeze_count() > 1000
+        gc.collect()  # a full collection, timed by the watch
+        text = c.get("/metrics").text
+        metrics = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("clawloop_gateway_gc")}
+        assert metrics["clawloop_gateway_gc_full_collections"] >= 1
+        assert metrics["clawloop_gateway_gc_pause_s_total"] > 0
+        assert metrics["clawloop_gateway_gc_frozen_objects"] >= gc.get_freeze_count() > 1000  # freed ones leave
+    assert gc.get_freeze_count() == 0
+    off = create_app(make_cfg(random_model_dir, tmp_path / "off", serve__gc_freeze="false"), engine, None,
+                     manage_engine=False)
+    with TestClient(off):
+        assert gc.get_freeze_count() == 0

@@ -130,6 +130,10 @@ class ServeConfig:
                            choices=("auto", "hermes", "qwen25", "llama3_json", "mistral"),
                            flags=("--tool-parser", "--tool-call-parser"))
     stream_interval_ms: float = opt(0.0, "Least time between two writes to a stream (0: each chunk when ready).")
+    gc_freeze: bool = opt(True, "Once started, put every object then alive (model, tokenizer, libraries) out of the "
+                                "garbage collector's way (gc.freeze), so its full collections do not pause serving "
+                                "for a walk over them; gateway/gc_* in /metrics time the collections.",
+                          flags=("--gc-freeze",))
     status: bool = opt(True, "Live terminal status (only when stdout is a terminal).")
 
 

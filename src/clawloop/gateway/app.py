@@ -47,6 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clawloop.config import ConfigError
 from clawloop.engines.base import Engine, ReportsHealth
+from clawloop.gateway import gcpause
 from clawloop.gateway.chat import serve_chat
 from clawloop.gateway.completions import serve_completions
 from clawloop.gateway.dashboard import mount_dashboard
@@ -93,9 +94,13 @@ def create_app(cfg: Any, engine: Engine, store: Store | None = None, *, stats: l
             tasks.append(asyncio.create_task(gw.capture.run_sweeper()))
         for factory in background:
             tasks.append(asyncio.create_task(factory()))
+        if cfg.serve.gc_freeze:
+            log.info("gc: %d objects alive after start put out of the collector's way", gcpause.freeze())
         try:
             yield
         finally:
+            if cfg.serve.gc_freeze:  # collectable again (a process that serves twice, as tests do)
+                gcpause.unfreeze()
             for t in tasks:
                 t.cancel()
             for t in tasks:

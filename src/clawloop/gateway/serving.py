@@ -35,6 +35,7 @@ from starlette.background import BackgroundTask
 
 from clawloop.config import api_key_tenants
 from clawloop.engines.base import Engine, EngineUnavailable, GenerationRequest, StreamsChunks, TokenEvent
+from clawloop.gateway import gcpause
 from clawloop.gateway.capture import Capture, TurnSlot
 from clawloop.gateway.metrics import Metrics
 from clawloop.gateway.protocol import APIError, parse_json_body
@@ -184,7 +185,7 @@ class Gateway:
         self.capture = (Capture(store, cfg.capture.session_idle_timeout_s, cfg.capture.sweep_interval_s)
                         if store is not None and cfg.capture.enabled else None)
         self.metrics = Metrics()
-        self.stats_fns: list[StatsFn] = [engine.stats]
+        self.stats_fns: list[StatsFn] = [engine.stats, gcpause.watch().stats]
         if self.capture is not None:
             self.stats_fns.append(self.capture.stats)
         self.stats_fns.extend(stats or [])
