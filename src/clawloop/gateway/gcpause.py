@@ -32,9 +32,14 @@ class GcWatch:
         self.collections = 0
         self.frozen = 0
         self._t0: float | None = None
+        self.counting = True
+        """False while `freeze()` collects: startup's own collection is not a serving pause."""
         gc.callbacks.append(self._callback)
 
     def _callback(self, phase: str, info: dict) -> None:
+        if not self.counting:
+            self._t0 = None
+            return
         if phase == "start":
             self._t0 = time.perf_counter()
             return
@@ -66,10 +71,15 @@ def watch() -> GcWatch:
 
 def freeze() -> int:
     """Collect once, then put every object now alive out of later collections' way; returns how many."""
-    gc.collect()
+    w = watch()
+    w.counting = False
+    try:
+        gc.collect()
+    finally:
+        w.counting = True
     gc.freeze()
     n = gc.get_freeze_count()
-    watch().frozen = n
+    w.frozen = n
     return n
 
 
