@@ -165,7 +165,9 @@ def engine(random_model_dir):
 def make_cfg(model_dir, data_dir, **flags):
     from clawloop.config import load_config
 
-    values = {"model__path": str(model_dir), "data_dir": str(data_dir)}
+    # serve.gc_freeze collects the whole process once per app start: cheap in a server that starts once,
+    # ~0.3 s per start in this test process after a few hundred tests; its own test turns it on
+    values = {"model__path": str(model_dir), "data_dir": str(data_dir), "serve__gc_freeze": "false"}
     values.update(flags)
     return load_config(values, env={})
 

@@ -270,8 +270,10 @@ def test_gc_pauses_are_timed_in_metrics_and_startup_objects_are_frozen_while_ser
 
     from clawloop.gateway import create_app
 
-    cfg = make_cfg(random_model_dir, tmp_path)
-    assert cfg.serve.gc_freeze is True
+    from clawloop.config import Config
+
+    assert Config().serve.gc_freeze is True  # the default (tests' make_cfg turns it off)
+    cfg = make_cfg(random_model_dir, tmp_path, serve__gc_freeze="true")
     app = create_app(cfg, engine, None, manage_engine=False)
     with TestClient(app) as c:
         assert gc.get_freeze_count() > 1000
