@@ -84,3 +84,31 @@ def test_train_nice_out_of_range_is_a_config_error_naming_the_key(random_model_d
         make_cfg(random_model_dir, tmp_path, train__nice="20")
     with pytest.raises(ConfigError, match="train.nice"):
         make_cfg(random_model_dir, tmp_path, train__nice="-2")
+
+
+def test_a_trainer_that_computes_elsewhere_keeps_the_threads_priority(random_model_dir, tmp_path):
+    """A Ray trainer group has no device here (its actors compute in their own processes): the loop's
+    thread only coordinates and keeps its priority; the thread runs (it used to die on the missing
+    attribute, and no step was ever taken)."""
+    from clawloop.naming import open_store
+    from clawloop.trainer import TrainerLoop
+
+    class Elsewhere:  # what the loop's thread needs of a trainer that computes in other processes
+        version = step_count = tokens_trained = 0
+        last: dict = {}
+        use_lora = False
+
+        def observe_reward(self, s):
+            pass
+
+    mine = thread_nice(threading.get_native_id())
+    cfg = make_cfg(random_model_dir, tmp_path, train__device="cpu")
+    store = open_store(cfg)
+    tl = TrainerLoop(cfg, Elsewhere(), store, None, "offline")
+    tl.start()
+    try:
+        time.sleep(0.3)
+        assert tl.thread.is_alive() and thread_nice(tl.thread.native_id) == mine and tl.nice == 0
+    finally:
+        tl.stop(checkpoint=False)
+        store.close()

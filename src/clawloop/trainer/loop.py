@@ -78,7 +78,8 @@ CURSOR = "trainer"
 
 
 def lower_priority(nice: int, device_type: str) -> int:
-    """Give the calling thread (the trainer's) CPU priority `nice` (-1: 10 on CPU, 0 on a GPU), so that
+    """Give the calling thread (the trainer's) CPU priority `nice` (-1: 10 when `device_type` is cpu, else
+    0: a GPU, or actors computing elsewhere), so that
     serving threads and an engine on the same cores run first: on a small machine a train step then
     takes the CPU serving leaves. Linux's nice is per thread and inherited by the threads this one
     starts; it is never raised again (that needs CAP_SYS_NICE). Returns the value in effect."""
@@ -212,7 +213,13 @@ class TrainerLoop:
     def _run(self) -> None:
         if self.tc.threads:
             torch.set_num_threads(self.tc.threads)
-        self.nice = lower_priority(self.tc.nice, self.trainer.device.type)
+        # a trainer that computes here has a device; a Ray group's actors compute in their own processes,
+        # so this thread only coordinates them and keeps its priority unless train.nice says otherwise
+        device = getattr(getattr(self.trainer, "device", None), "type", None)
+        try:
+            self.nice = lower_priority(self.tc.nice, device or "elsewhere")
+        except Exception:  # a priority is never worth the trainer thread
+            log.exception("trainer: setting its thread's priority failed")
         while not self.stop_event.is_set():
             try:
                 did = self.run_once()
