@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         if gw is not None:
             stop(gw)
         stop(stub)
+        shutil.rmtree(tmp, ignore_errors=True)  # the random model, the gateway's store
 
     rows = []
     print(f"\nstub {a.step_ms:g} ms per token, max_tokens {a.max_tokens} (ideal latency "
