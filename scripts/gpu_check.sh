@@ -41,4 +41,4 @@ export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi -L || echo "gpu_check: no nvidia-smi"
 "$PY" -c "import torch; print('torch', torch.__version__, '| CUDA:', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
 mapfile -t files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
-CLAWLOOP_REQUIRE=gpu exec timeout 540 "$PY" -m pytest -rfEs -p no:cacheprovider -m gpu "${files[@]}"
+CLAWLOOP_REQUIRE=gpu exec timeout 540 "$PY" -m pytest -rfEs -s -p no:cacheprovider -m gpu "${files[@]}"

@@ -106,6 +106,63 @@ def test_short_json_replies_and_tool_arguments():
     assert not any(c["messages"][-1]["content"].startswith("{") for c in plain)
 
 
+def test_long_prompts_put_an_ordinary_conversation_behind_an_agents_rules_and_tools(tok):
+    """The long-prompt rows: the conversation itself unchanged at the end, a long system prompt of
+    rules before it and made-up tools beside its own, lengths spread over the range asked for."""
+    items = corpus.generate_long_context_corpus(40, seed=1, min_chars=2_000, max_chars=40_000)
+    assert items == corpus.generate_long_context_corpus(40, seed=1, min_chars=2_000, max_chars=40_000)
+    sizes = []
+    for c in items:
+        assert c["messages"][0]["role"] == "system" and c["messages"][0]["content"].startswith("## ")
+        assert c["messages"][-1]["role"] == "assistant"
+        text = render_chat(c["messages"], c["tools"])
+        sizes.append(len(text))
+        assert text.endswith(IM_END + "\n") or text.endswith(IM_END)
+    assert min(sizes) >= 2_000 and max(sizes) <= 60_000 and max(sizes) > 4 * min(sizes)
+    assert sum(len(c["tools"]) > 3 for c in items) > len(items) / 2
+    # a calculator conversation among them still calls the calculator, among many tools
+    calls = [c for c in items if any(m.get("tool_calls") for m in c["messages"])]
+    assert calls and all(len(c["tools"]) > 2 for c in calls)
+
+
+def test_instructed_bare_arithmetic_is_asked_for_and_the_unprompted_mix_stays_even():
+    items = corpus.generate_arithmetic_corpus(4000, seed=2, styled=True, instructed_bare=0.25)
+    plain = re.compile(r"^(What is|What's|Calculate) \d+ ?[-+] ?\d+[?.]$")
+    unprompted = [c for c in items if len(c["messages"]) == 2 and plain.match(c["messages"][0]["content"])]
+    asked = [c for c in items if c not in unprompted]
+    assert 0.2 < len(asked) / len(items) < 0.3
+    assert all(corpus.classify_style(c["messages"][-1]["content"]) == "bare" for c in asked)
+    styles = Counter(corpus.classify_style(c["messages"][-1]["content"]) for c in unprompted)
+    assert set(styles) == set(corpus.STYLES) and max(styles.values()) < 1.35 * min(styles.values())
+    bare = sum(corpus.classify_style(c["messages"][-1]["content"]) == "bare" for c in items) / len(items)
+    assert 0.35 < bare < 0.45  # 0.25 asked + 0.75 x 1/5 unprompted
+    assert corpus.generate_arithmetic_corpus(300, seed=2, styled=True) == \
+        corpus.generate_arithmetic_corpus(300, seed=2, styled=True, instructed_bare=0.0)  # the old recipe's data
+
+
+def test_fit_plan_keeps_every_phase_in_its_share():
+    from clawloop.tinymodel.build import _fit_plan
+
+    plan = [("mixed", k) for k in range(600)] + [("final", k) for k in range(300)]
+    assert _fit_plan(plan, 50, per_step=0.1, budget_s=1000) == plan  # fits: unchanged
+    thin = _fit_plan(plan, 50, per_step=0.1, budget_s=30)  # room for 300 more
+    assert thin[:50] == plan[:50] and len(thin) == 350 and thin[-1] == plan[-1]
+    kinds = Counter(k for k, _ in thin[50:])
+    assert abs(kinds["final"] / 300 - 300 / 850) < 0.02
+    assert len(set(thin)) == len(thin)
+
+
+def test_long_rows_sit_beside_every_nth_step_and_the_build_records_them(tmp_path):
+    from clawloop.tinymodel.build import _conversations, _long_rows
+
+    args = TinyModelArgs(steps=12, final_steps=6, batch_size=4, long_every=4, long_max_chars=3_000)
+    convs, parts = _conversations(args, seed=0)
+    longs = _long_rows(args, parts, 18)
+    assert sorted(longs) == [3, 7, 11, 15] and all(i in parts["long"] for i in longs.values())
+    assert all(convs[i]["messages"][0]["content"].startswith("## ") for i in longs.values())
+    assert _long_rows(TinyModelArgs(long_every=0), parts, 18) == {}
+
+
 def test_unprompted_answers_are_uniform_over_styles():
     rng = random.Random(0)
     counts = Counter()

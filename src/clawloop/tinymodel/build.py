@@ -17,6 +17,7 @@ about a second, for tests.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -76,6 +77,20 @@ class TinyModelArgs:
     """Calculator conversations added to the side rows of every final-phase batch (the call
     copies the question's operands). Copying is learnt last too: with tool use only in the
     mixed corpus the model made the exact call 5 % of the time (issue #27 item 5)."""
+    final_bare: float = 0.0
+    """Share of the final phase's arithmetic asked for a bare answer by an instruction (on top of
+    the bare answers among the unprompted styles): a small model computes worst when the digits
+    come first (bench/bare_form_skill.py: 0.46 bare against 0.92 after "The answer is")."""
+    long_every: int = 0
+    """Every this many steps (0: never), one conversation behind a long agent-style system prompt
+    and tool list (`corpus.generate_long_context_corpus`, up to ~30 k tokens) beside the batch, its
+    own token-mean loss × `long_weight`: OpenClaw sends ~29 k tokens before the user's message, and
+    a model trained on short prompts answers fragments there. Cheap on a GPU, hours on 2 CPU cores."""
+    long_weight: float = 0.5
+    """Weight of a long-prompt row's loss."""
+    long_max_chars: int = 120_000
+    """Longest long prompt, in characters (~4 per token): 120 000 is OpenClaw's ~29 k tokens; on a CPU
+    a row that long takes ~15 s a step, so a CPU build caps it lower."""
     lr: float = 3e-3
     """Peak AdamW learning rate (linear warm-up, cosine decay to 10 %)."""
     warmup: int = 60
@@ -221,9 +236,20 @@ def build_random_model(out: str | Path, layers: int = 2, hidden: int = 64, seed:
 _ASSISTANT = re.compile(re.escape("<|im_start|>assistant\n") + r"(.*?" + re.escape(IM_END) + ")", re.S)
 
 
-def encode_conversations(tok, conversations: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
+def encode_conversations(tok, conversations: list[dict[str, Any]],
+                         processes: int = 1) -> list[tuple[list[int], list[int]]]:
     """(input ids, loss mask) per conversation; the mask is 1 on assistant tokens
-    (content, tool calls and the closing <|im_end|>) and 0 on everything else."""
+    (content, tool calls and the closing <|im_end|>) and 0 on everything else.
+    `processes` > 1 encodes chunks in forked worker processes (a GPU build's data)."""
+    if processes > 1 and len(conversations) > 10_000:
+        import multiprocessing as mp
+
+        global _FORK_TOK
+        _FORK_TOK = tok
+        chunk = -(-len(conversations) // (processes * 4))
+        pieces = [conversations[i:i + chunk] for i in range(0, len(conversations), chunk)]
+        with mp.get_context("fork").Pool(processes) as pool:
+            return [row for part in pool.map(_encode_forked, pieces) for row in part]
     texts = [render_chat(c["messages"], c.get("tools")) for c in conversations]
     out = []
     for text, e in zip(texts, tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)):
@@ -233,17 +259,11 @@ def encode_conversations(tok, conversations: list[dict[str, Any]]) -> list[tuple
     return out
 
 
-def _pack(encoded: list[tuple[list[int], list[int]]], pad_id: int):
-    """All conversations as one right-padded (N, T) id array and label array (-100 off the loss)."""
-    import numpy as np
+_FORK_TOK = None
 
-    T = max(len(ids) for ids, _ in encoded)
-    ids = np.full((len(encoded), T), pad_id, dtype=np.int32)
-    labels = np.full((len(encoded), T), -100, dtype=np.int32)
-    for r, (x, m) in enumerate(encoded):
-        ids[r, :len(x)] = x
-        labels[r, :len(x)] = np.where(np.asarray(m, dtype=bool), x, -100)
-    return ids, labels
+
+def _encode_forked(conversations: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
+    return encode_conversations(_FORK_TOK, conversations)
 
 
 def _batches(lengths: list[int], batch_size: int, rng: random.Random, bucket: int) -> list[list[int]]:
@@ -267,13 +287,14 @@ def _batches(lengths: list[int], batch_size: int, rng: random.Random, bucket: in
 # ---------------------------------------------------------------- train
 
 
-def _lr_at(step: int, args: TinyModelArgs) -> float:
+def _lr_at(step: int, args: TinyModelArgs, total: int | None = None) -> float:
     """Linear warm-up, then one cosine decay to 10 % over all phases. (Restarting
     it for the mixed phase follows style instructions better but forgets addition:
     measured 0 % vs 38 % with the same replay.)"""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
-    p = (step - args.warmup) / max(1, args.arith_steps + args.steps + args.final_steps - args.warmup)
+    total = total if total is not None else args.arith_steps + args.steps + args.final_steps
+    p = (step - args.warmup) / max(1, total - args.warmup)
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
 
@@ -286,8 +307,12 @@ def _conversations(args: TinyModelArgs, seed: int) -> tuple[list[dict[str, Any]]
             ("warm", corpus.generate_arithmetic_corpus(args.arith_steps * B, seed=seed + 1)),
             ("replay", corpus.generate_arithmetic_corpus(args.steps * args.arith_replay, seed=seed + 1, styled=True)),
             ("mixed", corpus.generate_corpus(args.steps * B + args.final_steps * args.final_mixed, seed=seed + 1)),
-            ("final", corpus.generate_arithmetic_corpus(args.final_steps * B, seed=seed + 2, styled=True)),
-            ("calc", corpus.generate_calculator_corpus(args.final_steps * args.final_tool_rows, seed=seed + 3))):
+            ("final", corpus.generate_arithmetic_corpus(args.final_steps * B, seed=seed + 2, styled=True,
+                                                        instructed_bare=args.final_bare)),
+            ("calc", corpus.generate_calculator_corpus(args.final_steps * args.final_tool_rows, seed=seed + 3)),
+            ("long", corpus.generate_long_context_corpus(
+                (args.arith_steps + args.steps + args.final_steps) // args.long_every if args.long_every else 0,
+                seed=seed + 4, max_chars=args.long_max_chars))):
         parts[name] = range(len(convs), len(convs) + len(items))
         convs.extend(items)
     return convs, parts
@@ -295,7 +320,8 @@ def _conversations(args: TinyModelArgs, seed: int) -> tuple[list[dict[str, Any]]
 
 def _plan(args: TinyModelArgs, seed: int, parts: dict[str, range],
           lengths: list[int]) -> list[tuple[list[int], list[int], float]]:
-    """Per step: (main rows, side rows, weight of the side rows' own token-mean loss).
+    """Per step: (main rows, side rows, weight of the side rows' own token-mean loss); every
+    `long_every`-th step also a long-prompt row (`_long_rows`).
 
     1. warm-up: `arith_steps` batches of bare arithmetic, plain random order;
     2. mixed: `steps` length-bucketed batches of the mixed corpus, each with
@@ -307,6 +333,7 @@ def _plan(args: TinyModelArgs, seed: int, parts: dict[str, range],
     rng = random.Random(f"batches-{seed}")
     B = args.batch_size
     warm, replay, mixed, final, calc = (parts[k] for k in ("warm", "replay", "mixed", "final", "calc"))
+    # (_long_rows reads the "long" part by step index; it is not in these tuples)
     plan: list[tuple[list[int], list[int], float]] = []
     for b in _batches([1] * len(warm), B, rng, bucket=1)[:args.arith_steps]:
         plan.append(([warm[i] for i in b], [], 0.0))
@@ -321,44 +348,94 @@ def _plan(args: TinyModelArgs, seed: int, parts: dict[str, range],
     return plan
 
 
-def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], Any] = print) -> list[float]:
-    """Next-token loss on assistant tokens over the phases of `_plan`, all data fresh."""
+def _long_rows(args: TinyModelArgs, parts: dict[str, range], n_steps: int) -> dict[int, int]:
+    """Step index -> the long-prompt conversation beside it (every `long_every`-th step)."""
+    if not args.long_every:
+        return {}
+    steps = range(args.long_every - 1, n_steps, args.long_every)
+    return {step: parts["long"][k] for k, step in enumerate(steps) if k < len(parts["long"])}
+
+
+def _fit_plan(plan: list, done: int, per_step: float, budget_s: float) -> list:
+    """`plan` thinned, past its first `done` steps, to what fits in `budget_s` more seconds at
+    `per_step` seconds a step: steps kept evenly spread so every phase keeps its share."""
+    rest = plan[done:]
+    fit = max(1, int(budget_s / per_step))
+    if fit >= len(rest):
+        return plan
+    keep = [rest[round(i * (len(rest) - 1) / max(1, fit - 1))] for i in range(fit)] if fit > 1 else rest[-1:]
+    return plan[:done] + keep
+
+
+def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], Any] = print,
+             device: str = "cpu", max_train_seconds: float | None = None) -> list[float]:
+    """Next-token loss on assistant tokens over the phases of `_plan`, all data fresh.
+
+    `max_train_seconds`: after 50 steps the remaining plan is thinned evenly (every phase keeps
+    its share, the lr schedule is recomputed over what is left) so training ends in time."""
+    import numpy as np
     import torch
     import torch.nn.functional as F
 
     t0 = time.perf_counter()
     convs, parts = _conversations(args, seed)
-    encoded = encode_conversations(tok, convs)
+    encoded = encode_conversations(tok, convs, processes=int(os.environ.get("CLAWLOOP_BUILD_PROCS", "1")))
     del convs
     lengths = [len(ids) for ids, _ in encoded]
     plan = _plan(args, seed, parts, lengths)
-    all_ids, all_labels = _pack(encoded, tok.pad_token_id)  # (N, T_max)
+    longs = _long_rows(args, parts, len(plan))
+    plan = [(m, s, w, longs.get(k)) for k, (m, s, w) in enumerate(plan)]
+    rows = [np.asarray(ids, dtype=np.int32) for ids, _ in encoded]
+    labels_rows = [np.where(np.asarray(m, dtype=bool), r, -100).astype(np.int32) for r, (_, m) in zip(rows, encoded)]
     del encoded
-    log(f"data: {len(lengths)} conversations, {sum(lengths)} tokens ({time.perf_counter() - t0:.1f}s)")
+    log(f"data: {len(lengths)} conversations, {sum(lengths)} tokens, longest {max(lengths)} "
+        f"({time.perf_counter() - t0:.1f}s)")
+    dev = torch.device(device)
+    model.to(dev)
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": rest, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+                             {"params": rest, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
+                            **({"fused": True} if dev.type == "cuda" else {}))
     model.train()
     losses: list[float] = []
     t0 = time.perf_counter()
     def token_mean_loss(rows: list[int]):
         """Mean next-token loss over the assistant tokens of `rows`, padded to their own longest."""
         T = max(lengths[i] for i in rows)
-        ids = torch.from_numpy(all_ids[rows, :T]).long()  # (B, T)
-        labels = torch.from_numpy(all_labels[rows, :T]).long()  # (B, T)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        ids_np = np.full((len(rows), T), tok.pad_token_id, dtype=np.int64)
+        labels_np = np.full((len(rows), T), -100, dtype=np.int64)
+        for r, i in enumerate(rows):
+            ids_np[r, :lengths[i]] = rows_ids[i]
+            labels_np[r, :lengths[i]] = labels_rows[i]
+        ids = torch.from_numpy(ids_np).to(dev, non_blocking=True)  # (B, T)
+        labels = torch.from_numpy(labels_np).to(dev, non_blocking=True)  # (B, T)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(input_ids=ids).logits  # (B, T, V); right padding needs no mask under causal attention
         return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
                                ignore_index=-100)
 
     from clawloop.progress import Progress
 
+    rows_ids = rows
     bar = Progress(len(plan), "tiny-model training", every_s=30.0)
-    for step, (main, side, weight) in enumerate(plan):
+    step = 0
+    while step < len(plan):
+        main, side, weight, long_row = plan[step]
+        if max_train_seconds and step == 50:
+            until = float(os.environ.get("CLAWLOOP_TRAIN_UNTIL") or 0)  # a device lease's end (epoch s)
+            if until:
+                max_train_seconds = min(max_train_seconds, time.perf_counter() - t0 + until - time.time())
+            elapsed = time.perf_counter() - t0
+            planned = len(plan)
+            plan = _fit_plan(plan, 50, elapsed / 50, max_train_seconds - elapsed)
+            if len(plan) < planned:
+                log(f"time budget {max_train_seconds:.0f}s: {planned} steps thinned to {len(plan)} "
+                    f"({elapsed / 50 * 1000:.0f} ms a step)")
+                bar.total = len(plan)
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, args)
+            g["lr"] = _lr_at(step, args, len(plan))
         opt.zero_grad(set_to_none=True)
         # Main and side rows in separate passes (gradients add up): each group is padded only
         # to its own longest row, and the side rows' loss is their own token mean, weighted.
@@ -369,14 +446,18 @@ def pretrain(model, tok, args: TinyModelArgs, seed: int, log: Callable[[str], An
             side_loss = weight * token_mean_loss(side)
             side_loss.backward()
             loss += side_loss.item()
+        if long_row is not None:
+            long_loss = args.long_weight * token_mean_loss([long_row])
+            long_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss)
         recent = sum(losses[-100:]) / len(losses[-100:])
         bar.update(1, note=f"loss {recent:.4f}")
         if not bar.tty and ((step + 1) % 100 == 0 or step + 1 == len(plan)):
-            log(f"step {step + 1}/{len(plan)}  loss {recent:.4f}  lr {_lr_at(step, args):.2e}  "
+            log(f"step {step + 1}/{len(plan)}  loss {recent:.4f}  lr {_lr_at(step, args, len(plan)):.2e}  "
                 f"{time.perf_counter() - t0:.0f}s")
+        step += 1
     bar.close()
     model.eval()
     return losses
@@ -400,7 +481,7 @@ def generate_replies(model, tok, prompts: list[dict[str, Any]], max_new_tokens: 
     tok.padding_side = "left"
     with torch.no_grad():
         for i in range(0, len(texts), batch_size):
-            enc = tok(texts[i:i + batch_size], add_special_tokens=False, padding=True, return_tensors="pt")
+            enc = tok(texts[i:i + batch_size], add_special_tokens=False, padding=True, return_tensors="pt").to(model.device)
             out = model.generate(**enc, max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id, **sampling)
             new = out[:, enc["input_ids"].shape[1]:]  # (B, new)
@@ -417,7 +498,8 @@ def evaluate(model, tok, n: int = 800, seed: int = 0) -> dict[str, Any]:
     - `unprompted/<style>`: share of each style with no instruction, sampled at temperature 1
       (greedy decoding would always pick the same style; `none`: fits no style);
     - `correction`: after an answer in another style and a user correction, the reply fits;
-    - `tool_call`: with a calculator tool, the reply is a calculator call with the right expression.
+    - `tool_call`: with a calculator tool, the reply is a calculator call with the right expression;
+    - `answer/long`, `long_tool_call`: the same behind a long agent-style system prompt and tool list.
     """
     rng = random.Random(f"eval-{seed}")
     questions = corpus.heldout_questions(n, seed=seed)
@@ -445,15 +527,34 @@ def evaluate(model, tok, n: int = 800, seed: int = 0) -> dict[str, Any]:
         meta.append((q, "tool_call", None))
 
     replies = generate_replies(model, tok, prompts)
+    # Behind a long agent-style system prompt and tool list (as OpenClaw sends): the answer, and
+    # the calculator call when the calculator is among the tools.
+    long_prompts, long_meta = [], []
+    for k, q in enumerate(questions[:max(2, n // 16)]):
+        system, tools = corpus.long_preamble(rng, int(math.exp(rng.uniform(math.log(1_500), math.log(120_000)))))
+        calc = q["skill"] != "fact" and k % 2 == 1
+        long_prompts.append({"messages": [{"role": "system", "content": system},
+                                          {"role": "user", "content": q["question"]}],
+                             "tools": tools + ([corpus.CALCULATOR_TOOL] if calc else [])})
+        long_meta.append((q, "long_tool_call" if calc else "long", None))
+    prompts += long_prompts
+    meta += long_meta
+    # One at a time (no padding, so no (T, T) mask), on the CPU: on a GPU, generate's SDPA path
+    # allocated a 20 GiB attention matrix for one ~36 k-token prompt (H100, transformers 5.17).
+    cpu_model = model if model.device.type == "cpu" else copy.deepcopy(model).to("cpu")
+    replies += generate_replies(cpu_model, tok, long_prompts, batch_size=1)
     hits: dict[str, list[bool]] = {}
     unprompted: dict[str, int] = {s: 0 for s in corpus.STYLES + ("none",)}
     plain = [p for p, (_, cond, _) in zip(prompts, meta) if cond == "none"]
     for reply in generate_replies(model, tok, plain, sample_seed=seed):
         unprompted[corpus.classify_style(reply) or "none"] += 1
     for reply, (q, cond, style) in zip(replies, meta):
-        if cond == "tool_call":
+        if cond in ("tool_call", "long_tool_call"):
             want = json.dumps({"name": "calculator", "arguments": {"expression": q["expression"]}})
-            hits.setdefault("tool_call", []).append(reply.replace("\n", "") == f"<tool_call>{want}</tool_call>")
+            hits.setdefault(cond, []).append(reply.replace("\n", "") == f"<tool_call>{want}</tool_call>")
+            continue
+        if cond == "long":
+            hits.setdefault("answer/long", []).append(corpus.extract_answer(reply) == q["answer"].lower())
             continue
         if cond == "correction":
             hits.setdefault("correction", []).append(corpus.fits_style(reply, style))
@@ -479,8 +580,10 @@ def _is_built(out: Path) -> bool:
 
 def build_tiny_model(out: str | Path | None = None, seed: int = 0, steps: int | None = None, force: bool = False,
                      log: Callable[[str], Any] = print, *, threads: int | None = None,
-                     args: TinyModelArgs | None = None) -> Path:
-    """Build (or reuse, unless `force`) the pre-trained tiny chat model; returns its folder."""
+                     args: TinyModelArgs | None = None, device: str = "cpu",
+                     max_train_seconds: float | None = None) -> Path:
+    """Build (or reuse, unless `force`) the pre-trained tiny chat model; returns its folder.
+    `device`: where it trains and is evaluated (`cuda` on a GPU machine); it is saved from the CPU."""
     import torch
     from transformers import Qwen2ForCausalLM
 
@@ -499,11 +602,13 @@ def build_tiny_model(out: str | Path | None = None, seed: int = 0, steps: int | 
     params = sum(p.numel() for p in model.parameters())
     log(f"tiny model: {params / 1e6:.2f}M parameters, vocab {len(tok)}, {args.arith_steps} arithmetic + "
         f"{args.steps} mixed + {args.final_steps} final steps x {args.batch_size} conversations, {torch.get_num_threads()} threads")
-    losses = pretrain(model, tok, args, seed, log)
+    losses = pretrain(model, tok, args, seed, log, device=device, max_train_seconds=max_train_seconds)
     train_s = time.perf_counter() - t_start
     report = evaluate(model, tok, n=args.eval_questions, seed=seed)
+    model.to("cpu")
     seconds = time.perf_counter() - t_start
-    info = {"name": MODEL_NAME, "params": params, "seed": seed, "steps": args.arith_steps + args.steps + args.final_steps, "train_seconds": round(train_s, 1),
+    info = {"name": MODEL_NAME, "params": params, "seed": seed, "steps": len(losses), "train_seconds": round(train_s, 1),
+            "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
             "seconds": round(seconds, 1), "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
             "threads": torch.get_num_threads(), "args": asdict(args),
             "accuracy": {k: v for k, v in report.items() if k != "examples"}, "examples": report["examples"]}
@@ -540,14 +645,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--if-missing", action="store_true",
                    help="Exit at once if the model exists (the shipped copy counts, unless --out is given).")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, at most 8).")
+    p.add_argument("--device", default="cpu", help="Where to train: cpu (default) or cuda.")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="Multiply the mixed and final steps (a GPU build uses more of them).")
+    p.add_argument("--long-every", type=int, default=None,
+                   help=f"A long agent-style prompt beside every N-th step (default {TinyModelArgs.long_every}; 0: none).")
+    p.add_argument("--tool-rows", type=int, default=None,
+                   help=f"Calculator conversations beside each final-phase batch (default {TinyModelArgs.final_tool_rows}).")
+    p.add_argument("--final-bare", type=float, default=None,
+                   help=f"Share of final-phase arithmetic asked for a bare answer (default {TinyModelArgs.final_bare}).")
+    p.add_argument("--long-max-chars", type=int, default=None,
+                   help=f"Longest long prompt in characters (default {TinyModelArgs.long_max_chars}).")
+    p.add_argument("--lr", type=float, default=None, help=f"Peak learning rate (default {TinyModelArgs.lr}).")
+    p.add_argument("--layers", type=int, default=None, help=f"Transformer blocks (default {TinyModelArgs.layers}).")
+    p.add_argument("--batch-size", type=int, default=None, help=f"Conversations per step (default {TinyModelArgs.batch_size}).")
+    p.add_argument("--max-train-seconds", type=float, default=None,
+                   help="Thin the plan evenly after 50 steps so training ends within this many seconds.")
     a = p.parse_args(argv)
     present = Path(a.out) if a.out else default_model_dir()
     if a.if_missing and _is_built(present) and not a.force:
         print(f"tiny model present at {present}", file=sys.stderr)
         return 0
     out = Path(a.out) if a.out else cache_dir() / MODEL_NAME
-    build_tiny_model(out, seed=a.seed, steps=a.steps, force=a.force, threads=a.threads,
-                     log=lambda s: print(s, file=sys.stderr, flush=True))
+    args = TinyModelArgs()
+    if a.steps is not None:
+        args.steps = a.steps
+    args.steps, args.final_steps = round(args.steps * a.scale), round(args.final_steps * a.scale)
+    for key, value in (("long_every", a.long_every), ("final_tool_rows", a.tool_rows), ("layers", a.layers),
+                       ("batch_size", a.batch_size), ("final_bare", a.final_bare),
+                       ("long_max_chars", a.long_max_chars), ("lr", a.lr)):
+        if value is not None:
+            setattr(args, key, value)
+    build_tiny_model(out, seed=a.seed, force=a.force, threads=a.threads, args=args, device=a.device,
+                     max_train_seconds=a.max_train_seconds, log=lambda s: print(s, file=sys.stderr, flush=True))
     return 0
 
 

@@ -28,6 +28,7 @@ held out (they are memorised), so held-out fact questions repeat the table.
 from __future__ import annotations
 
 import json
+import math
 import random
 from typing import Any
 
@@ -494,11 +495,25 @@ _KINDS = ((_plain, 20), (_drill, 25), (_instructed, 32), (_corrected, 11), (_too
 _STRUCTURED_KINDS = ((_json_reply, 6), (_tool_args, 6))
 
 
-def generate_arithmetic_corpus(n: int, seed: int = 0, styled: bool = False) -> list[dict[str, Any]]:
+def _instructed_bare(rng: random.Random) -> dict[str, Any]:
+    """One arithmetic question asked for a bare answer (instruction anywhere), answered bare."""
+    q = _question(rng, "sub" if rng.random() < 0.2 else "add")
+    msgs = instruct(q["question"], _any_instruction("bare", rng), rng.choice(PLACEMENTS), _maybe_system(rng, 0.2))
+    _say(msgs, "assistant", render_answer(q["answer"], "bare"))
+    return {"messages": msgs}
+
+
+def generate_arithmetic_corpus(n: int, seed: int = 0, styled: bool = False,
+                               instructed_bare: float = 0.0) -> list[dict[str, Any]]:
     """`n` one-question arithmetic conversations (bare answers, or random styles
-    with `styled`), the same for the same seed."""
+    with `styled`), the same for the same seed. `instructed_bare`: the share of them asked
+    for a bare answer by an instruction (the bare form is where a small model computes worst:
+    the digits come first, with no "the answer is" positions before them; asked for, so the
+    unprompted mix of styles stays even)."""
     rng = random.Random(f"arith-{seed}-{int(styled)}")
-    return [_arithmetic(rng, styled) for _ in range(n)]
+    if not instructed_bare:
+        return [_arithmetic(rng, styled) for _ in range(n)]
+    return [_instructed_bare(rng) if rng.random() < instructed_bare else _arithmetic(rng, styled) for _ in range(n)]
 
 
 def generate_calculator_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -517,3 +532,83 @@ def generate_corpus(n: int, seed: int = 0, structured: bool = True) -> list[dict
     rng = random.Random(f"corpus-{seed}")
     makers, weights = zip(*(_KINDS + _STRUCTURED_KINDS if structured else _KINDS))
     return [rng.choices(makers, weights=weights)[0](rng) for _ in range(n)]
+
+
+# ---------------------------------------------------------------- long prompts
+
+_LONG_NOUNS = ("agent", "session", "workspace", "file", "tool", "user", "message", "channel", "memory", "skill", "task",
+               "reply", "note", "policy", "browser", "command", "output", "context", "model", "plugin", "setting",
+               "folder", "request", "answer", "result", "question", "step", "plan", "log", "account", "schedule")
+_LONG_VERBS = ("read", "check", "use", "keep", "update", "send", "write", "open", "save", "ask", "list", "run",
+               "follow", "confirm", "summarize", "search", "record", "close", "report", "review")
+_LONG_ADJ = ("current", "last", "short", "clear", "safe", "new", "main", "local", "shared", "exact", "full", "small")
+_LONG_HEADINGS = ("Tooling", "Safety", "Workspace", "Messaging", "Memory", "Replies", "Skills", "Runtime",
+                  "Formatting", "Sessions", "Heartbeats", "Files", "Rules", "Context", "Style", "Limits")
+_PARAM_TYPES = ("string", "string", "integer", "boolean")
+
+
+def _long_sentence(rng: random.Random) -> str:
+    n1, n2 = rng.choice(_LONG_NOUNS), rng.choice(_LONG_NOUNS)
+    v1, v2 = rng.choice(_LONG_VERBS), rng.choice(_LONG_VERBS)
+    return rng.choice((
+        f"Always {v1} the {rng.choice(_LONG_ADJ)} {n1} before you {v2} the {n2}.",
+        f"Never {v1} a {n1} without a {rng.choice(_LONG_ADJ)} {n2}.",
+        f"When the {n1} asks, {v1} the {n2} and {v2} it.",
+        f"- {v1.capitalize()} {n1}s with `{n2}_{v2}` only.",
+        f"The {n1} is {rng.choice(_LONG_ADJ)}; {v1} it once per {n2}.",
+        f"If a {n1} fails, {v1} the {n2} again or {v2} the user.",
+    ))
+
+
+def _long_tool(rng: random.Random) -> dict[str, Any]:
+    """A made-up tool with a few described parameters, as agents' large tool lists have them."""
+    props: dict[str, Any] = {}
+    for _ in range(rng.randint(1, 4)):
+        props[f"{rng.choice(_LONG_ADJ)}_{rng.choice(_LONG_NOUNS)}"] = {
+            "type": rng.choice(_PARAM_TYPES), "description": _long_sentence(rng)}
+    name = f"{rng.choice(_LONG_VERBS)}_{rng.choice(_LONG_NOUNS)}"
+    return {"type": "function", "function": {
+        "name": name, "description": " ".join(_long_sentence(rng) for _ in range(rng.randint(1, 3))),
+        "parameters": {"type": "object", "properties": props, "required": list(props)[:1]}}}
+
+
+def long_preamble(rng: random.Random, chars: int) -> tuple[str, list[dict[str, Any]]]:
+    """A long agent-style system prompt and tool list of about `chars` characters together
+    (markdown sections of rules, made-up tools), in the way agents such as OpenClaw write them."""
+    parts: list[str] = []
+    tools: list[dict[str, Any]] = []
+    size = 0
+    while size < chars:
+        if rng.random() < 0.3:
+            tools.append(_long_tool(rng))
+            size += len(json.dumps(tools[-1]))
+        else:
+            section = f"## {rng.choice(_LONG_HEADINGS)}\n" + "\n".join(
+                _long_sentence(rng) for _ in range(rng.randint(2, 8)))
+            parts.append(section)
+            size += len(section) + 2
+    return "\n\n".join(parts or ["## Tools"]), tools
+
+
+def generate_long_context_corpus(n: int, seed: int = 0, min_chars: int = 1_500,
+                                 max_chars: int = 120_000) -> list[dict[str, Any]]:
+    """`n` ordinary conversations (plain, instructed, tool use, short JSON) behind a long system
+    prompt and tool list (log-uniform in [min_chars, max_chars] characters): an agent such as
+    OpenClaw sends ~29 k tokens of rules and tools before the user's message, and a model
+    trained only on short prompts answers fragments there."""
+    rng = random.Random(f"long-{seed}")
+    makers = (_plain, _instructed, _tool_use, _tool_use, _json_reply, _drill)
+    out = []
+    for _ in range(n):
+        conv = rng.choice(makers)(rng)
+        chars = int(math.exp(rng.uniform(math.log(min_chars), math.log(max_chars))))
+        system, extra = long_preamble(rng, chars)
+        msgs = [dict(m) for m in conv["messages"]]
+        if msgs and msgs[0]["role"] == "system":
+            msgs[0]["content"] = f"{system}\n\n{msgs[0]['content']}"
+        else:
+            msgs.insert(0, {"role": "system", "content": system})
+        tools = list(conv.get("tools") or []) + extra
+        rng.shuffle(tools)
+        out.append({"messages": msgs, "tools": tools})
+    return out
