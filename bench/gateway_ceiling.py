@@ -193,12 +193,15 @@ class Gateway:
                  tokens_per_step: int, interval_ms: float = 0.0):
         self.build, self.path, self.port = build, path, port
         self.data = tempfile.mkdtemp(prefix=f"ceiling-{build}-{path}-")
-        env = dict(os.environ, PYTHONPATH=str(src), TOKENIZERS_PARALLELISM="false")
+        # src first; what the caller's PYTHONPATH holds after it (a GPU machine's carried wheels)
+        rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip("/").endswith("src")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src)] + rest), TOKENIZERS_PARALLELISM="false")
         self.stub = None
         if path == "vllm":
             self.stub = subprocess.Popen([sys.executable, str(ROOT / "bench/vllm_stub.py"), "--model", model,
                                           "--port", str(stub_port), "--tokens-per-step", str(tokens_per_step)],
-                                         env=dict(env, PYTHONPATH=str(ROOT / "src")), stdout=subprocess.DEVNULL)
+                                         env=dict(env, PYTHONPATH=os.pathsep.join([str(ROOT / "src")] + rest)),
+                                         stdout=subprocess.DEVNULL)
             try:
                 wait_http(f"http://127.0.0.1:{stub_port}/health", self.stub)
             except BaseException:
