@@ -14,8 +14,14 @@ from pathlib import Path
 
 import pytest
 
-# Keep every cache the tests write inside a temp dir, never ~/.cache.
-os.environ.setdefault("CLAWLOOP_CACHE", tempfile.mkdtemp(prefix="clawloop-test-cache-"))
+# Keep every cache the tests write inside a temp dir, never ~/.cache; removed when the session ends
+# (a test's child processes inherit the path and have ended by then).
+if "CLAWLOOP_CACHE" not in os.environ:
+    import atexit
+    import shutil
+
+    os.environ["CLAWLOOP_CACHE"] = tempfile.mkdtemp(prefix="clawloop-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["CLAWLOOP_CACHE"], True)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

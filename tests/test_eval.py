@@ -51,7 +51,7 @@ def test_rule_rater_and_user_follow_the_persona():
 
 
 @pytest.mark.slow
-def test_coding_check_runs_the_asserts_in_the_sandbox():
+def test_coding_check_runs_the_asserts_in_the_sandbox(tmp_path):
     from clawloop.envs.sandbox import SandboxUnavailable, choose_level
 
     try:
@@ -60,7 +60,7 @@ def test_coding_check_runs_the_asserts_in_the_sandbox():
         require_or_skip("sandbox", f"no sandbox level works here: {e}")
     rows = _jsonl("data/eval_coding.jsonl")
     assert len(rows) == 20 and len({r["task_id"] for r in rows}) == 20
-    work = Path(__import__("tempfile").mkdtemp(prefix="clawloop-test-coding-"))
+    work = tmp_path
     for i, row in enumerate(rows):  # every reference solution passes its own asserts
         res = check_code(row, row["prompt"] + row["reference"], work / row["task_id"], slot=i)
         assert res["passed"], (row["task_id"], res)

@@ -69,6 +69,7 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -315,11 +316,14 @@ def run_coding(url: str, client: Any, a: argparse.Namespace) -> dict[str, Any]:
                 **check_code(row, code, work / row["task_id"], sandbox=a.sandbox,
                              allow_unsandboxed=a.allow_unsandboxed, slot=k)}
 
-    with Progress(len(rows), "eval coding") as bar, ThreadPoolExecutor(4) as ex:
-        results = []
-        for x in ex.map(one, range(len(rows))):
-            results.append(x)
-            bar.update(1, note=f"{x['task_id']}: {'pass' if x['passed'] else 'fail'}")
+    try:
+        with Progress(len(rows), "eval coding") as bar, ThreadPoolExecutor(4) as ex:
+            results = []
+            for x in ex.map(one, range(len(rows))):
+                results.append(x)
+                bar.update(1, note=f"{x['task_id']}: {'pass' if x['passed'] else 'fail'}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the answers and their outputs are in the result
     return {"pass@1": sum(x["passed"] for x in results) / max(1, len(results)), "problems": len(results),
             "sandbox": results[0]["sandbox"] if results else None, "results": results}
 
@@ -401,14 +405,18 @@ def run_checkpoints(a: argparse.Namespace, client_for: Any) -> dict[str, Any]:
                 tools = Path(tempfile.mkdtemp(prefix="clawloop-eval-tools-")) / "calculator.json"
                 tools.write_text(json.dumps(CALCULATOR))
                 ids = [p["instance_id"] for p in generated_problems()][: a.tool_use_tasks]
-                rec["tool-use"] = tool_use_eval(url, str(tools), ids, a.tool_use_samples, a.max_tokens + 24,
-                                                sandbox=a.sandbox, allow_unsandboxed=a.allow_unsandboxed)
+                try:
+                    rec["tool-use"] = tool_use_eval(url, str(tools), ids, a.tool_use_samples, a.max_tokens + 24,
+                                                    sandbox=a.sandbox, allow_unsandboxed=a.allow_unsandboxed)
+                finally:
+                    shutil.rmtree(tools.parent, ignore_errors=True)
                 tu = rec["tool-use"]
                 print(f"model={label} task=tool-use success={tu['success']:.2f} tool_use={tu['tool_use']:.2f} "
                       f"well_formed={_fmt(tu['well_formed'])} episodes={tu['episodes']}", flush=True)
         finally:
             if server is not None:
                 server.stop()
+                shutil.rmtree(data, ignore_errors=True)  # the server's scratch store: scores are in the result
         out["models"][label] = rec
     out["minutes"] = (time.time() - t0) / 60
     return out
