@@ -123,12 +123,18 @@ def plot(result: dict[str, Any], png: Path) -> None:
     ax.set_xlabel("updates")
     ax.set_ylim(0, 1.05)
     guide = f", {result['oracle_per_group']} oracle/group" if result.get("oracle_per_group") else ""
+    if result.get("cold_start"):
+        guide += f", after {result['cold_start']['steps']} cold-start steps"
     ax.set_title(f"tool-call track, tiny model: {result['reward']} reward, {result['estimator']}, "
                  f"lr {result['lr']:g}{guide}", fontsize=9)
     ax.legend(fontsize=7, loc="center right")
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
+
+
+class _Done(Exception):
+    """`--updates 0`: the starting point is measured, nothing is trained."""
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -153,6 +159,12 @@ def main() -> int:
     ap.add_argument("--use-coef", type=float, default=0.5, help="reward: shaped: reward for answering with its result.")
     ap.add_argument("--oracle-per-group", type=int, default=0,
                     help="Reference solutions replayed in each group beside the policy's episodes (`agent`).")
+    ap.add_argument("--cold-start-steps", type=int, default=0,
+                    help="Supervised cold start on the training tasks' reference solutions first (`clawloop env "
+                         "coldstart`, envs/coldstart.py); 0: none.")
+    ap.add_argument("--cold-start-lr", type=float, default=3e-4)
+    ap.add_argument("--cold-start-replay", type=float, default=0.75)
+    ap.add_argument("--cold-start-batch", type=int, default=4)
     ap.add_argument("--eval-tasks", type=int, default=40)
     ap.add_argument("--eval-samples", type=int, default=3)
     ap.add_argument("--eval-every", type=int, default=8)
@@ -169,6 +181,23 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="clawloop-agent-bench-"))
     tools = work / "calculator.json"
     tools.write_text(json.dumps(CALC))
+    train_ids = [f"math-{i:03d}" for i in range(100)]
+    cold = None
+    if a.cold_start_steps > 0:
+        from clawloop.envs.base import EnvOptions
+        from clawloop.envs.coldstart import cold_start
+        from clawloop.naming import model_path
+
+        base = a.model_path or model_path(argparse.Namespace(path=""))
+        res = cold_start(base, str(work / "coldstart"), "toolcall", EnvOptions(max_steps=4, tools_config=str(tools)),
+                         steps=a.cold_start_steps, lr=a.cold_start_lr, replay=a.cold_start_replay,
+                         batch_size=a.cold_start_batch,
+                         task_ids=train_ids, seed=a.seed)
+        cold = {"from": base, "steps": a.cold_start_steps, "lr": a.cold_start_lr, "replay": a.cold_start_replay,
+                "batch_size": a.cold_start_batch,
+                "demos": res.demos, "first_loss": res.losses[0], "final_loss": res.losses[-1], "seconds": res.seconds}
+        print(f"cold start: {cold}", flush=True)
+        a.model_path = res.out
     buf_port = _free_port()
     buf_url = f"http://127.0.0.1:{buf_port}"
     up = Up(argparse.Namespace(method=a.method, batch_size=a.batch_size, lr=a.lr, seed=a.seed, model_path=a.model_path,
@@ -186,7 +215,6 @@ def main() -> int:
         from clawloop.envs.toolcall import generated_problems
 
         eval_ids = [p["instance_id"] for p in generated_problems()][: a.eval_tasks]
-        train_ids = [f"math-{i:03d}" for i in range(100)]
         for _ in range(100):
             try:
                 if httpx.get(buf_url + "/health", timeout=1).status_code == 200:
@@ -197,6 +225,8 @@ def main() -> int:
         ev["arithmetic"] = arithmetic(up.url, eval_ids)
         curve.append({"updates": 0, "minutes": 0.0, **ev})
         print(f"updates=0 {ev}", flush=True)
+        if a.updates == 0:  # only the starting point (a cold start's effect)
+            raise _Done
         r = httpx.post(buf_url + "/start_rollout", json={
             "task_type": "toolcall", "remote_engine_url": up.url + "/v1", "remote_buffer_url": buf_url,
             "tools_config": str(tools), "task_ids": train_ids, "num_repeat_per_sample": a.group, "num_epoch": 50,
@@ -222,6 +252,8 @@ def main() -> int:
             time.sleep(2)
         httpx.post(buf_url + "/stop_rollout", json={}, timeout=30)
         stats = httpx.get(buf_url + "/buffer/stats", timeout=30).json()["data"]["data"][0]
+    except _Done:
+        stats = {}
     finally:
         if buf.poll() is None:
             buf.send_signal(2)
@@ -234,7 +266,7 @@ def main() -> int:
     result = {"curve": curve, "updates": a.updates, "batch_size": a.batch_size, "group": a.group, "lr": a.lr,
               "method": a.method, "estimator": a.estimator, "reward": a.reward, "call_coef": a.call_coef, "call_partial": a.call_partial,
               "use_coef": a.use_coef, "oracle_per_group": a.oracle_per_group, "eval_tasks": a.eval_tasks,
-              "eval_samples": a.eval_samples, "minutes": (time.time() - t0) / 60,
+              "eval_samples": a.eval_samples, "minutes": (time.time() - t0) / 60, "cold_start": cold,
               "buffer": {k: stats.get(k) for k in ("total_written", "total_read", "dropped_invalid_groups")},
               "work_dir": str(work)}
     out = Path(a.out)

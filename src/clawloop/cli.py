@@ -46,6 +46,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "export": (),
     "import": ("model",),  # the tokenizer of turns imported without token ids
     "env check": ("env",),
+    "env coldstart": ("env", "model.path"),
     "envpool": ("env", "serve.insecure"),
     "judge-eval": ("judge", "model"),
 }
@@ -232,8 +233,11 @@ def _track_of(cfg, own_track: str | None) -> str:
 
 
 def cmd_env(argv: list[str]) -> int:
+    if argv and argv[0] == "coldstart":
+        return cmd_env_coldstart(argv[1:])
     if not argv or argv[0] != "check":
-        print("usage: clawloop env check --track toolcall|terminal|swe|gui [--task-dir DIR] [--tasks a,b]",
+        print("usage: clawloop env check --track toolcall|terminal|swe|gui [--task-dir DIR] [--tasks a,b]\n"
+              "       clawloop env coldstart --track T --out DIR [--steps N] [--lr LR] [--model-path P]",
               file=sys.stderr)
         return 2
     from clawloop.envs.check import run_check
@@ -257,6 +261,57 @@ def cmd_env(argv: list[str]) -> int:
     except (ValueError, SandboxUnavailable) as e:
         raise ConfigError(str(e)) from None
     return 0 if results and all(r.oracle_pass and r.noop_fail for r in results) else 1
+
+
+def cmd_env_coldstart(argv: list[str]) -> int:
+    from clawloop.envs.coldstart import cold_start
+    from clawloop.envs.sandbox import SandboxUnavailable
+
+    p = _parser("env coldstart", "Supervised cold start before RL: play each training task's reference solution "
+                                 "through its environment, keep those that score the maximum, train the model on "
+                                 "their assistant turns, save it to --out (envs/coldstart.py).")
+    p.add_argument("--track", default=None, choices=TRACK_NAMES, help="Track (or ENV_TYPE).")
+    p.add_argument("--tasks", default="", help="Only these task ids, comma-separated (default: every task of the "
+                                               "track or --task-dir: leave out the ones you evaluate on).")
+    p.add_argument("--out", required=True, help="New folder for the trained model (must not exist or be empty).")
+    p.add_argument("--steps", type=int, default=960, help="Optimizer steps (default 960).")
+    p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (default 3e-4).")
+    p.add_argument("--batch-size", type=int, default=8, help="Rows per step (default 8).")
+    p.add_argument("--replay", type=float, default=0.75,
+                   help="Share of each batch's rows that replay the starting model's own answers to plain "
+                        "questions, trained towards its whole distribution: what it could do is kept (default "
+                        "0.75; 0: none).")
+    p.add_argument("--replay-prompts", default="",
+                   help="The plain questions to replay: a file, one per line or JSONL with 'prompt'. Default: the "
+                        "tasks' questions without tools and, for the tiny model, 512 of its corpus's.")
+    p.add_argument("--seed", type=int, default=0)
+    cfg, own = _config(p, argv, ("track", "tasks", "out", "steps", "lr", "batch_size", "replay", "replay_prompts",
+                                 "seed"))
+    track = _track_of(cfg, own["track"])
+    prompts = None
+    if own["replay_prompts"]:
+        from clawloop.envs.coldstart import read_prompts
+
+        try:
+            prompts = read_prompts(own["replay_prompts"])
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if track == "gui":
+        raise ConfigError("--track gui: its reference solutions read the live page (no fixed messages to train on)")
+    from clawloop.naming import model_path
+
+    try:
+        res = cold_start(model_path(cfg), own["out"], track, _env_options(cfg), steps=own["steps"], lr=own["lr"],
+                         batch_size=own["batch_size"], replay=own["replay"],
+                         task_ids=[t for t in own["tasks"].split(",") if t] or None, seed=own["seed"],
+                         parallel=cfg.env.parallel_envs, replay_prompts=prompts)
+    except (ValueError, SandboxUnavailable) as e:
+        raise ConfigError(str(e)) from None
+    import json
+
+    print(json.dumps({"out": res.out, "demos": res.demos, "skipped": len(res.skipped), "steps": len(res.losses),
+                      "first_loss": res.losses[0], "final_loss": res.losses[-1], "seconds": res.seconds}))
+    return 0
 
 
 def cmd_envpool(argv: list[str]) -> int:
