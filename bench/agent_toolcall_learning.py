@@ -157,6 +157,9 @@ def main() -> int:
     ap.add_argument("--call-partial", type=float, default=1.0,
                     help="reward: shaped: weight of a near call's partial credit (0: only correct calls score).")
     ap.add_argument("--use-coef", type=float, default=0.5, help="reward: shaped: reward for answering with its result.")
+    ap.add_argument("--credit", default="outcome", choices=("outcome", "step"),
+                    help="reward: shaped: every step carries the outcome, or each step its own check (the call: "
+                         "its result is the answer; the final answer: it reports a tool's result).")
     ap.add_argument("--oracle-per-group", type=int, default=0,
                     help="Reference solutions replayed in each group beside the policy's episodes (`agent`).")
     ap.add_argument("--cold-start-steps", type=int, default=0,
@@ -233,7 +236,7 @@ def main() -> int:
             "max_steps": 4, "max_tokens": a.max_tokens, "sampling_params": {"temperature": 1.0},
             "num_process": 8, "agent": ["model"] * (a.group - a.oracle_per_group) + ["oracle"] * a.oracle_per_group,
             "reward": a.reward, "reward_call_coef": a.call_coef, "reward_use_coef": a.use_coef,
-            "reward_call_partial": a.call_partial},
+            "reward_call_partial": a.call_partial, "reward_credit": a.credit},
             timeout=30)
         r.raise_for_status()
         next_eval = a.eval_every
@@ -264,7 +267,7 @@ def main() -> int:
         up.stop()
         buf_log.close()
     result = {"curve": curve, "updates": a.updates, "batch_size": a.batch_size, "group": a.group, "lr": a.lr,
-              "method": a.method, "estimator": a.estimator, "reward": a.reward, "call_coef": a.call_coef, "call_partial": a.call_partial,
+              "method": a.method, "estimator": a.estimator, "reward": a.reward, "call_coef": a.call_coef, "call_partial": a.call_partial, "credit": a.credit,
               "use_coef": a.use_coef, "oracle_per_group": a.oracle_per_group, "eval_tasks": a.eval_tasks,
               "eval_samples": a.eval_samples, "minutes": (time.time() - t0) / 60, "cold_start": cold,
               "buffer": {k: stats.get(k) for k in ("total_written", "total_read", "dropped_invalid_groups")},

@@ -41,6 +41,8 @@ def _tok():
 def test_reference_episodes_are_played_and_rendered_as_the_gateway_renders_them(calc):
     demos, skipped = demonstrations("toolcall", EnvOptions(max_steps=4, tools_config=calc), TASKS[:3])
     assert len(demos) == 3 and skipped == []
+    # patterns pick tasks too: the packaged problems, not the held-out generated ones
+    assert len(demonstrations("toolcall", EnvOptions(max_steps=4, tools_config=calc), ["math-00[0-2]"])[0]) == 3
     d = demos[0]
     roles = [m["role"] for m in d.messages]
     assert roles == ["user", "assistant", "tool", "assistant"], roles  # the calculator config has no system

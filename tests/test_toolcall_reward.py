@@ -134,3 +134,31 @@ def test_reward_shaping_from_payload():
     assert REWARD_MODES == ("outcome", "shaped")
     with pytest.raises(ValueError, match="reward must be one of outcome, shaped"):
         RewardShaping.from_data({"reward": "dense"})
+
+
+def test_step_credit_blames_the_call_not_the_faithful_answer(run):
+    """`reward_credit: step`: each step its own check. An answer that reports a wrong call's result is
+    faithful (1 + 0.5), the call takes the blame (0 with partial credit off); under `outcome` credit the
+    same answer step is -1.05 + 0.5, below an answer that ignores the tool and guesses right (1.0): RL
+    on it teaches the answer to stop trusting the tool (bench/RESULTS.md)."""
+    step = RewardShaping.from_data({"reward": "shaped", "reward_call_partial": 0, "reward_credit": "step"})
+    outcome = RewardShaping.from_data({"reward": "shaped", "reward_call_partial": 0})
+    assert (step.credit, outcome.credit) == ("step", "outcome")
+    wrong_call_faithful = run(call("52+6"), say("The answer is 58."), shaping=step)
+    assert wrong_call_faithful[1] == pytest.approx([0.0, 1.5])
+    wrong_call_ignored = run(call("52+6"), say("The answer is 112."), shaping=step)
+    assert wrong_call_ignored[1] == pytest.approx([0.0, 1.0])  # right, but not through the tool
+    right = run(call("52+60"), say("The answer is 112."), shaping=step)
+    assert right[1] == pytest.approx([1.0, 1.5])
+    right_ignored = run(call("52+60"), say("The answer is 102."), shaping=step)
+    assert right_ignored[1] == pytest.approx([1.0, -1.05])  # the call did its job, the answer did not
+    no_tool = run(say("112"), shaping=step)
+    assert no_tool[1] == [1.0]
+    # the trajectory's reward is the same under both credits; only the steps' shares differ
+    assert wrong_call_faithful[0] == run(call("52+6"), say("The answer is 58."), shaping=outcome)[0]
+    # under outcome credit the faithful answer ranks below ignoring the tool: the inversion `step` removes
+    out_faithful = run(call("52+6"), say("The answer is 58."), shaping=outcome)[1][1]
+    out_ignored = run(call("52+6"), say("The answer is 112."), shaping=outcome)[1][1]
+    assert out_faithful < out_ignored and wrong_call_faithful[1][1] > wrong_call_ignored[1][1]
+    with pytest.raises(ValueError, match="reward_credit must be one of outcome, step"):
+        RewardShaping.from_data({"reward": "shaped", "reward_credit": "trajectory"})

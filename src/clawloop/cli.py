@@ -271,10 +271,11 @@ def cmd_env_coldstart(argv: list[str]) -> int:
                                  "through its environment, keep those that score the maximum, train the model on "
                                  "their assistant turns, save it to --out (envs/coldstart.py).")
     p.add_argument("--track", default=None, choices=TRACK_NAMES, help="Track (or ENV_TYPE).")
-    p.add_argument("--tasks", default="", help="Only these task ids, comma-separated (default: every task of the "
-                                               "track or --task-dir: leave out the ones you evaluate on).")
+    p.add_argument("--tasks", default="", help="Only these task ids or patterns (`math-*`), comma-separated "
+                                               "(default: every task of the track or --task-dir: leave out the ones "
+                                               "you evaluate on).")
     p.add_argument("--out", required=True, help="New folder for the trained model (must not exist or be empty).")
-    p.add_argument("--steps", type=int, default=960, help="Optimizer steps (default 960).")
+    p.add_argument("--steps", type=int, default=1920, help="Optimizer steps (default 1920).")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (default 3e-4).")
     p.add_argument("--batch-size", type=int, default=8, help="Rows per step (default 8).")
     p.add_argument("--replay", type=float, default=0.75,

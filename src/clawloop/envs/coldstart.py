@@ -27,6 +27,7 @@ stage does to held-out tasks and to the model's other skills is measured by the 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import random
@@ -89,12 +90,19 @@ def demonstrations(track_name: str, opts: EnvOptions, task_ids: list[str] | None
     """(verified reference episodes, why the others were left out) for the track's tasks (or `task_ids`)."""
     track = get_track(track_name)
     tasks = track.load_tasks(opts)
-    if task_ids:
+    if task_ids:  # ids, or shell-style patterns ("math-*")
         known = {t.task_id: t for t in tasks}
-        missing = [t for t in task_ids if t not in known]
+        chosen: dict[str, Task] = {}
+        missing = []
+        for pat in task_ids:
+            hits = [k for k in known if fnmatch.fnmatchcase(k, pat)] if any(c in pat for c in "*?[") else (
+                [pat] if pat in known else [])
+            if not hits:
+                missing.append(pat)
+            chosen.update((k, known[k]) for k in hits)
         if missing:
             raise ValueError(f"--tasks: no such {track_name} task: {', '.join(missing[:5])}")
-        tasks = [known[t] for t in task_ids]
+        tasks = list(chosen.values())
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as ex:
         results = list(ex.map(lambda it: play_reference(track_name, it[1], opts, it[0]), enumerate(tasks)))
     demos = [d for d, _ in results if d is not None]
@@ -253,7 +261,7 @@ def train(model: Any, batches: list[list[tuple[list[int], list[int]]]], *, lr: f
     return losses
 
 
-def cold_start(model_path: str, out: str, track_name: str, opts: EnvOptions, *, steps: int = 960, lr: float = 3e-4,
+def cold_start(model_path: str, out: str, track_name: str, opts: EnvOptions, *, steps: int = 1920, lr: float = 3e-4,
                batch_size: int = 8, replay: float = 0.75, task_ids: list[str] | None = None, seed: int = 0,
                parallel: int = 4, replay_prompts: list[str] | None = None) -> ColdStartResult:
     """Play, render, train, save (see the module's doc). `replay`: the share of each batch's rows that are

@@ -151,6 +151,7 @@ def _is_number(text: str) -> bool:
 
 
 REWARD_MODES = ("outcome", "shaped")
+CREDIT_MODES = ("outcome", "step")
 
 
 @dataclass
@@ -163,7 +164,15 @@ class RewardShaping:
     closeness to the reference expression otherwise; the mean, so that calling again never pays) plus
     `use_coef` when the final answer is a result a tool returned. Per step (what `--advantage-estimator
     step_wise` normalises): a step that called tools gets outcome + call_coef x its calls' mean score, the
-    final answer outcome + use_coef x used, any other step the outcome alone."""
+    final answer outcome + use_coef x used, any other step the outcome alone.
+
+    `credit` (payload `reward_credit`) says what a step is credited with under `shaped`: `outcome` (the
+    above: every step carries the episode's outcome) or `step`, each step its own check (a process
+    reward): a call step call_coef x its calls' score alone (was its result the answer?), the final
+    answer (1 if it reports a tool's result, else the outcome) + use_coef x used. Under `outcome`, an
+    answer that faithfully reports a wrong call's result is blamed for the call (-1), so RL teaches the
+    answer step to stop trusting the tool (RESULTS: after a cold start, answers taking the tool's result
+    0.84 -> 0.56 in 48 updates); under `step` the call takes that blame."""
     mode: str = "outcome"
     call_coef: float = 1.0
     """Reward for a correct call (its result is the answer); partial credit for a near one."""
@@ -173,6 +182,8 @@ class RewardShaping:
     """Weight of a near call's partial credit (0: only a correct call scores). Partial credit pays the
     policy for calls *like* the right one, and a model that copies one operand and guesses the other
     climbs it while its exact calls fall (RESULTS: call score 0.77 -> 0.80, correct calls 0.14 -> 0.02)."""
+    credit: str = "outcome"
+    """`outcome` or `step` (see above)."""
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> "RewardShaping":
@@ -180,8 +191,12 @@ class RewardShaping:
         if mode not in REWARD_MODES:
             raise ValueError(f"reward must be one of {', '.join(REWARD_MODES)}, got {mode!r}")
         d = cls()
+        credit = str(data.get("reward_credit") or d.credit)
+        if credit not in CREDIT_MODES:
+            raise ValueError(f"reward_credit must be one of {', '.join(CREDIT_MODES)}, got {credit!r}")
         return cls(mode, float(data.get("reward_call_coef", d.call_coef)),
-                   float(data.get("reward_use_coef", d.use_coef)), float(data.get("reward_call_partial", d.partial)))
+                   float(data.get("reward_use_coef", d.use_coef)), float(data.get("reward_call_partial", d.partial)),
+                   credit)
 
     def _credit(self, score: float) -> float:
         return score if score >= 1.0 else self.partial * score
@@ -198,15 +213,17 @@ class RewardShaping:
         steps = []
         for info in step_infos:
             scores = [self._credit(float(c["score"])) for c in info.get("calls") or []]
+            own = self.credit == "step"
             if scores:
-                steps.append(outcome + self.call_coef * sum(scores) / len(scores))
+                steps.append((0.0 if own else outcome) + self.call_coef * sum(scores) / len(scores))
             elif info.get("end_reason") == "answered":
-                steps.append(outcome + self.use_coef * used)
+                steps.append((1.0 if own and used else outcome) + self.use_coef * used)
             else:
                 steps.append(outcome)
         reward = outcome + self.call_coef * call + self.use_coef * used
         return reward, steps, {"mode": self.mode, "call_coef": self.call_coef, "use_coef": self.use_coef,
-                               "partial": self.partial, "call_score": call, "answer_from_tool": used}
+                               "partial": self.partial, "credit": self.credit, "call_score": call,
+                               "answer_from_tool": used}
 
 
 def load_tools_config(path: str) -> tuple[list[dict[str, Any]], str | None, dict[str, str]]:
