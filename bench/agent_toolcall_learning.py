@@ -123,6 +123,8 @@ def plot(result: dict[str, Any], png: Path) -> None:
     ax.set_xlabel("updates")
     ax.set_ylim(0, 1.05)
     guide = f", {result['oracle_per_group']} oracle/group" if result.get("oracle_per_group") else ""
+    if result.get("credit") == "step":
+        guide += ", step credit"
     if result.get("cold_start"):
         guide += f", after {result['cold_start']['steps']} cold-start steps"
     ax.set_title(f"tool-call track, tiny model: {result['reward']} reward, {result['estimator']}, "

@@ -12,6 +12,7 @@
     clawloop demo          the learning benchmark with simulated users
     clawloop eval          simulated users (personas) or a checkpoint's tasks, scored before/after
     clawloop env check     run every agent task's reference solution and a do-nothing agent
+    clawloop env coldstart train on a track's verified reference solutions before RL (a new model folder)
     clawloop envpool       serve an agent track's environment pool (lease API) over HTTP
     clawloop swe make-tasks  inject bugs into the SWE track's repos, write SWE-bench instances
     clawloop status        a running clawloop's policy version, engines and actors (`--ray`: nodes too)
