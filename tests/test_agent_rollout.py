@@ -93,8 +93,8 @@ def test_toolcall_oracle_and_noop_through_gateway_then_train(rig, engine, random
     for it in shaped:
         x = it["extra_info"]
         if x["behaviour"] == "oracle":
-            assert x["shaping"] == {"mode": "shaped", "call_coef": 2.0, "use_coef": 0.5, "partial": 1.0, "call_score": 1.0,
-                                    "answer_from_tool": True}
+            assert x["shaping"] == {"mode": "shaped", "call_coef": 2.0, "use_coef": 0.5, "partial": 1.0,
+                                    "credit": "outcome", "call_score": 1.0, "answer_from_tool": True}
             assert x["outcome"] == 1.0 and it["raw_reward"] == pytest.approx(1 + 2.0 + 0.5 + 0.5)  # + PRM mean
             assert [s["step_reward"] for s in it["steps"]] == pytest.approx([1 + 2.0 + 1, 1 + 0.5 + 0])
         else:
