@@ -240,6 +240,29 @@ def test_stop_rollout_stops_the_generator_and_its_workers(tmp_path, make_buffer)
     wait_for(lambda: gone(worker_pid), timeout=10)
 
 
+def test_stop_rollout_leaves_no_agent_workspace_behind(tmp_path, make_buffer):
+    """The built-in toolcall generator stopped with episodes in flight (their model calls hang on an
+    endpoint that never answers): every environment's workspace is removed, not left in the work dir."""
+    hang = socket.socket()
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(64)  # accepts connections (the kernel's backlog), never answers
+    work = tmp_path / "work"
+    work.mkdir()
+    srv, c = make_buffer()
+    try:
+        url = f"http://127.0.0.1:{hang.getsockname()[1]}/v1"
+        assert c.post("/start_rollout", json={
+            "task_type": "toolcall", "remote_engine_url": url, "task_ids": ["math-000", "math-001"],
+            "num_repeat_per_sample": 2, "num_process": 4, "sandbox": "none", "allow_unsandboxed": True,
+            "work_dir": str(work)}).json()["success"]
+        wait_for(lambda: len(list(work.iterdir())) >= 4, timeout=60)  # four episodes hold an environment
+        stopped = c.post("/stop_rollout", json={"task_type": "toolcall"}).json()["data"]["stopped"]
+        assert [s["state"] for s in stopped] == ["stopped"]
+        assert list(work.iterdir()) == []
+    finally:
+        hang.close()
+
+
 def test_a_failing_hook_drops_the_group_loudly(tmp_path, make_buffer):
     gdir = tmp_path / "g"
     gdir.mkdir()

@@ -340,13 +340,20 @@ class AgentRollout(GatewayClient):
         _log(self.track, f"{len(ids)} task(s) x {self.group_size} x {self.num_epoch} epoch(s) = {len(jobs)} "
                          f"episode(s), {self.num_process} at once, agent={','.join(self.agents)}, "
                          f"prm={self.prm.kind if self.prm else 'none'}")
+        ex = ThreadPoolExecutor(self.num_process, thread_name_prefix=f"{self.track}-rollout")
         try:
-            with ThreadPoolExecutor(self.num_process, thread_name_prefix=f"{self.track}-rollout") as ex:
-                futures = [ex.submit(self.rollout_one, tid, agent) for tid, agent in jobs]
-                for f in futures:
-                    if f.exception() is not None:  # a bug, not an env failure: count it, keep going
-                        self._count("errors")
-                        _log(self.track, f"episode failed: {f.exception()!r}")
+            futures = [ex.submit(self.rollout_one, tid, agent) for tid, agent in jobs]
+            for f in futures:
+                if f.exception() is not None:  # a bug, not an env failure: count it, keep going
+                    self._count("errors")
+                    _log(self.track, f"episode failed: {f.exception()!r}")
+            ex.shutdown(wait=True)
+        except BaseException:
+            # stopped (SIGTERM from `/stop_rollout` exits here): drop the queued episodes and close the
+            # environments now, before the runner's grace runs out and kills the group; episodes still
+            # running lose their environment (their workspaces go with it), not the machine
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
         finally:
             if self.prm is not None:
                 self.prm.close()
