@@ -76,6 +76,15 @@ def test_a_reference_that_fails_is_left_out_with_its_reason(tmp_path, calc):
     demos, skipped = demonstrations("toolcall", EnvOptions(max_steps=1, tools_config=calc), ["math-000", "math-001"])
     assert demos == [] and len(skipped) == 2
     assert skipped[0].startswith("math-000: reference scored -1")
+    # a reference whose call does not give the answer (a wrong expression; its answer is the label, so
+    # it scores the maximum) would teach ignoring the tool: left out too
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"instance_id": "ok", "prompt": "What is 2+2?", "label": "4"}) + "\n"
+                     + json.dumps({"instance_id": "off", "prompt": "What is 2+2?", "label": "4", "oracle": "2+3"})
+                     + "\n")
+    demos, skipped = demonstrations("toolcall", EnvOptions(max_steps=4, tools_config=calc, task_dir=str(tasks)))
+    assert [d.task_id for d in demos] == ["ok"]
+    assert skipped == ["off: reference's tool calls did not give the answer (reference '2+3')"]
     with pytest.raises(ValueError, match="nothing to learn from"):
         cold_start(model_path(type("M", (), {"path": ""})()), str(tmp_path / "out"), "toolcall",
                    EnvOptions(max_steps=1, tools_config=calc), task_ids=["math-000"], steps=1)

@@ -10,8 +10,9 @@ tool-call track on the tiny model: an exact calculator call in ~1 % of episodes)
 from a policy that can make the call. This is that stage, on the track's own `oracle()` solutions:
 
 1. every training task's reference solution is played through the real environment (sandboxed, as
-   `clawloop env check` plays it), and only episodes that score the track's maximum are kept: the
-   tool's real output is in the conversation, not a guess;
+   `clawloop env check` plays it), and only episodes that score the track's maximum are kept (and,
+   where the environment reports it, whose tool call gave the answer): the tool's real output is in
+   the conversation, not a guess;
 2. each kept episode is rendered with the model's chat template and tools exactly as the gateway
    renders them; the loss is the assistant's tokens only (through its end-of-turn token);
 3. `--steps` AdamW steps of token-mean cross-entropy on random batches of episodes, with a
@@ -82,6 +83,12 @@ def play_reference(track_name: str, task: Task, opts: EnvOptions, slot: int) -> 
     best = track.max_reward(task)
     if ev.reward < best - 1e-9:
         return None, f"{task.task_id}: reference scored {ev.reward:g} < {best:g}"
+    d = ev.details or {}
+    if d.get("n_calls") and d.get("exact_call") is False:
+        # the answer is right but no call's result was it (a wrong reference expression): as a
+        # demonstration it would teach the answer to ignore the tool
+        return None, (f"{task.task_id}: reference's tool calls did not give the answer "
+                      f"(reference {d.get('reference')!r})")
     return Demo(task.task_id, msgs, obs.tools, float(ev.reward)), ""
 
 
