@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from clawloop.eval import _jsonl, check_code, extract_code
+from clawloop.eval import _jsonl, await_update, check_code, extract_code
 from clawloop.eval import main as eval_main
-from clawloop.users import PERSONAS, WRONG, RuleRater, RuleUser, parse_score, personas_from
+from clawloop.users import PERSONAS, WRONG, RuleRater, RuleUser, Server, parse_score, personas_from
 from tests.conftest import require_or_skip, run_cli
 
 
@@ -96,6 +97,22 @@ def test_personas_before_and_after_training_with_built_in_users(tmp_path):
         assert (tmp_path / "runs" / name / "up.log").exists()
         assert f"persona={name} before=" in r.stdout
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_a_round_does_not_idle_while_the_trainer_waits_for_samples(random_model_dir, tmp_path):
+    """/health says whether the trainer is stepping or still waiting for a batch, and `clawloop eval` waits
+    for a new version after a round only while a step can come: binary trains on accepted answers alone,
+    so most of its rounds end with less than a batch waiting, and each used to idle `--settle-s`."""
+    server = Server(["--model-path", str(random_model_dir), "--method", "binary", "--rollout-batch-size", "4",
+                     "--judge", "offline", "--no-serve-status"], str(tmp_path / "up"))
+    try:
+        health = httpx.get(server.url + "/health").json()
+        assert health["train"] == {"busy": False, "step": 0, "pending_samples": 0, "batch_size": 4}
+        t0 = time.time()
+        assert await_update(server.url, health["policy_version"], settle_s=300) is False
+        assert time.time() - t0 < 60  # told by the trainer, not by the 300 s settle time
+    finally:
+        server.stop()
 
 
 def test_llm_users_and_rater_at_an_openai_url(make_gateway, tmp_path):

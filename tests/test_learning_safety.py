@@ -251,3 +251,46 @@ def test_the_trainer_anchors_what_no_signal_names(random_model_dir, tmp_path, mo
     assert float(m[accepted].sum()) == 0
     want = b.mask[0].bool() & ~first[0]
     assert m[corrected].bool()[:want.shape[0]].tolist() == want.tolist() and int(want.sum()) > 0
+
+
+def test_opd_trusts_the_teacher_only_where_it_is_surer(tiny_model, tmp_path):
+    """The teacher persona's case: right results in the wrong form ("The answer is 61.") scored -1 with the
+    hint "End your answer with an exclamation mark.". The hint makes the tiny teacher unsure of the digits
+    (its logprob of the right ones -1.1 against the student's -0.1, its top-1 digit right about half the time),
+    so with `--opd-trust all` the divergence point often lands on a digit and the "!" is not taught there.
+    With the default (`surer`) 4 OPD steps teach the exclaimed answer of OTHER held-out questions more
+    (+0.51 nats against +0.36 with `all`, the old objective: the test fails on it) and both keep the
+    right digits (the anchor holds them)."""
+    from clawloop.tinymodel.corpus import heldout_questions, render_answer, style_instruction
+    from clawloop.trainer import Trainer
+
+    qs = [q for q in heldout_questions(60, seed=4) if q["skill"] in ("add", "sub")][:32]
+    hint = style_instruction("exclaim")
+
+    def run(trust):
+        cfg = make_cfg(tiny_model, tmp_path, train__method="opd", train__lr="2e-4", train__rollout_batch_size="16",
+                       train__opd_trust=trust)
+        tr = Trainer(cfg, str(tiny_model), device="cpu")
+        tok = tr.tokenizer
+        batch = [_sample(tok, q["question"], render_answer(q["answer"], "sentence"), -1.0, hint) for q in qs[:16]]
+        probes = [_sample(tok, q["question"], render_answer(q["answer"], "exclaim"), 0.0, None) for q in qs[16:]]
+
+
+        def digits():  # the right digits after "The answer is ", per question
+            rows = [(p.tokens[:p.prompt_len], p.tokens[p.prompt_len:]) for p in probes]
+            out = 0.0
+            for (_, resp), r in zip(rows, tr.score_responses(tr.model, rows)):
+                out += sum(float(lp) for t, lp in zip(resp, r["lp"]) if tok.decode([t]).strip().isdigit())
+            return out / len(rows)
+
+        before, d_before = _bare_answer_logprob(tr, probes), digits()
+        for _ in range(4):
+            tr.step(list(batch))
+        return _bare_answer_logprob(tr, probes) - before, digits() - d_before
+
+    gained, kept = run("surer")
+    gained_all, lost = run("all")
+    print(f"surer: exclaim answer {gained:+.2f}, digits {kept:+.2f}; all: {gained_all:+.2f}, {lost:+.2f}")
+    assert kept > -0.2 and lost > -0.2, f"the right digits of other questions lost {-kept:.2f} / {-lost:.2f} nats"
+    # the "!" is reached: no digit the unsure teacher would write otherwise stands in for the divergence point
+    assert gained > gained_all + 0.1, f"the exclaimed answers gained {gained:.2f} nats, {gained_all:.2f} with all"

@@ -77,6 +77,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from clawloop.progress import Progress
 from clawloop.users import (PERSONAS, LLMRater, LLMUser, Persona, Rater, RuleRater, RuleUser, Server, User,
                             base_url, converse, personas_from, policy_version, post_result)
@@ -196,10 +198,7 @@ def train_persona(a: argparse.Namespace, url: str, client: Any, persona: Persona
                     stats["satisfied"] += s["fit"]
                     stats["problems"] += s["problems"]
             rounds += 1
-            deadline = time.time() + a.settle_s
-            while policy_version(url) == last_v and time.time() < deadline:
-                time.sleep(0.2)
-            if policy_version(url) == last_v:
+            if not await_update(url, last_v, a.settle_s):
                 continue
             m = measure(client, f"after update {policy_version(url) - v0}")
             last_v = m["policy_version"]
@@ -208,6 +207,26 @@ def train_persona(a: argparse.Namespace, url: str, client: Any, persona: Persona
                           "minutes": (time.time() - t0) / 60, "answers": m["answers"]})
             bar.update(min(last_v - v0, a.train_updates) - bar.done, note=f"score {_fmt(m['score'])}")
     return curve, stats
+
+
+def await_update(url: str, version: int, settle_s: float, grace_s: float = 1.5) -> bool:
+    """After a round of conversations, wait up to `settle_s` for the policy to move past `version`, so
+    the next round talks to it. A clawloop says in /health whether its trainer is stepping or still
+    waiting for samples: once the round's last turns had `grace_s` to be judged and read, a trainer
+    that is not stepping and has fewer than a batch waiting will not publish; the next round starts at
+    once instead of idling (binary, which trains only on accepted answers, needs several rounds a batch).
+    Returns whether the version moved."""
+    start = time.time()
+    while time.time() - start < settle_s:
+        health = httpx.get(base_url(url) + "/health", timeout=10).json()
+        if int(health["policy_version"]) != version:
+            return True
+        train = health.get("train")
+        if train is not None and time.time() - start >= grace_s and not train["busy"] \
+                and train["pending_samples"] < train["batch_size"]:
+            return False
+        time.sleep(0.2)
+    return policy_version(url) != version
 
 
 def _fmt(x: float | None) -> str:

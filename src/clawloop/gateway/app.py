@@ -194,7 +194,12 @@ def create_app(cfg: Any, engine: Engine, store: Store | None = None, *, stats: l
         if isinstance(engine, ReportsHealth):  # engines with replicas: each one's state; degraded when one is down
             body.update(engine.health())
             body["policy_version"] = engine.policy_version
-        gate = {k[len("gate/"):]: v for k, v in gw.all_stats().items() if k.startswith("gate/")}
+        stats = gw.all_stats()
+        gate = {k[len("gate/"):]: v for k, v in stats.items() if k.startswith("gate/")}
+        if "train/busy" in stats:  # the trainer: stepping now, or waiting for `batch_size` samples with a signal
+            body["train"] = {"busy": bool(stats["train/busy"]), "step": int(stats.get("train/step", 0)),
+                             "pending_samples": int(stats.get("train/pending_samples", 0)),
+                             "batch_size": int(stats.get("train/batch_size", 0))}
         if gate:  # the trainer's publish gate (trainer/gate.py): what it checked, refused, scored
             body["gate"] = gate
         code = 503 if body["status"] == "unavailable" else 200

@@ -13,6 +13,21 @@ rejection.
 
     until_divergence(agrees, mask)   (B, T) bool: positions up to and including
                                       the first disagreement on each row
+    teacher_surer(top1_lp, logits, has_teacher)  (B, T) bool: where the teacher is surer of
+                                      its top token than the student is of its own
+    trusted_agreement(agrees, surer, has_teacher)  agreement with the unsure positions
+                                      counted as agreed (no divergence there)
+
+A hint can make the teacher *less* sure of what the hint does not concern: on the
+tiny model, "End your answer with an exclamation mark." after the question takes
+the teacher's logprob of the right digits from -0.11 (the student's) to -1.12, and
+its top-1 digit is the right one only 55 % of the time. Distilled there, the
+teacher pulls the student's digits flat, and a digit it gets wrong becomes the
+divergence point, so the correction the hint was about (the "!") is never reached
+(`bench/opd_trust.py`). With `--opd-trust surer` (the default) the teacher's view
+counts only where it is surer of its top token than the student is of its own;
+elsewhere the anchor holds the student, and a disagreement there is not a
+divergence.
     anchor_positions(mask, scores, ...)  (B, T): where no signal names a token (the anchor's)
 """
 
@@ -45,3 +60,20 @@ def anchor_positions(mask: torch.Tensor, scores: torch.Tensor, has_pre: torch.Te
         first = until_divergence(teacher_agrees, mask) & ~teacher_agrees.bool()  # (B, T)
         amask = amask * ~first
     return amask
+
+
+def teacher_surer(teacher_top1_lp: torch.Tensor, logits: torch.Tensor, has_teacher: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: positions where the teacher's top-1 logprob `teacher_top1_lp` (B, T) is above the student's
+    own top-1 logprob (from `logits` (B, T, V), no gradient), on the rows `has_teacher` (B,) marks."""
+    if teacher_top1_lp.shape != logits.shape[:2]:
+        raise ValueError(f"teacher_top1_lp {tuple(teacher_top1_lp.shape)} and logits {tuple(logits.shape)} differ")
+    with torch.no_grad():
+        z = logits.detach().float()  # (B, T, V)
+        student_top1 = z.max(dim=-1).values - torch.logsumexp(z, dim=-1)  # (B, T)
+        return (teacher_top1_lp.float() > student_top1) & has_teacher.bool()[:, None]  # (B, T)
+
+
+def trusted_agreement(agrees: torch.Tensor, surer: torch.Tensor, has_teacher: torch.Tensor) -> torch.Tensor:
+    """`agrees` (B, T) with every position of a teacher row (`has_teacher` (B,)) where the teacher is not
+    surer (`surer` (B, T)) counted as agreed: its disagreement there is no divergence."""
+    return agrees.bool() | (has_teacher.bool()[:, None] & ~surer.bool())  # (B, T)

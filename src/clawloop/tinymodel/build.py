@@ -81,6 +81,9 @@ class TinyModelArgs:
     """Share of the final phase's arithmetic asked for a bare answer by an instruction (on top of
     the bare answers among the unprompted styles): a small model computes worst when the digits
     come first (bench/bare_form_skill.py: 0.46 bare against 0.92 after "The answer is")."""
+    structured: bool = True
+    """Short-JSON replies and calls to unseen tools in the mixed corpus (`corpus.generate_corpus`'s
+    `structured`); False builds on the corpus as it was before them (the 2026-11-23 recipe)."""
     long_every: int = 0
     """Every this many steps (0: never), one conversation behind a long agent-style system prompt
     and tool list (`corpus.generate_long_context_corpus`, up to ~30 k tokens) beside the batch, its
@@ -306,7 +309,8 @@ def _conversations(args: TinyModelArgs, seed: int) -> tuple[list[dict[str, Any]]
     for name, items in (
             ("warm", corpus.generate_arithmetic_corpus(args.arith_steps * B, seed=seed + 1)),
             ("replay", corpus.generate_arithmetic_corpus(args.steps * args.arith_replay, seed=seed + 1, styled=True)),
-            ("mixed", corpus.generate_corpus(args.steps * B + args.final_steps * args.final_mixed, seed=seed + 1)),
+            ("mixed", corpus.generate_corpus(args.steps * B + args.final_steps * args.final_mixed, seed=seed + 1,
+                                             structured=args.structured)),
             ("final", corpus.generate_arithmetic_corpus(args.final_steps * B, seed=seed + 2, styled=True,
                                                         instructed_bare=args.final_bare)),
             ("calc", corpus.generate_calculator_corpus(args.final_steps * args.final_tool_rows, seed=seed + 3)),
@@ -654,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"Calculator conversations beside each final-phase batch (default {TinyModelArgs.final_tool_rows}).")
     p.add_argument("--final-bare", type=float, default=None,
                    help=f"Share of final-phase arithmetic asked for a bare answer (default {TinyModelArgs.final_bare}).")
+    p.add_argument("--no-structured", dest="structured", action="store_false", default=None,
+                   help="Leave the short-JSON replies and calls to unseen tools out of the mixed corpus.")
     p.add_argument("--long-max-chars", type=int, default=None,
                    help=f"Longest long prompt in characters (default {TinyModelArgs.long_max_chars}).")
     p.add_argument("--lr", type=float, default=None, help=f"Peak learning rate (default {TinyModelArgs.lr}).")
@@ -673,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     args.steps, args.final_steps = round(args.steps * a.scale), round(args.final_steps * a.scale)
     for key, value in (("long_every", a.long_every), ("final_tool_rows", a.tool_rows), ("layers", a.layers),
                        ("batch_size", a.batch_size), ("final_bare", a.final_bare),
-                       ("long_max_chars", a.long_max_chars), ("lr", a.lr)):
+                       ("long_max_chars", a.long_max_chars), ("lr", a.lr), ("structured", a.structured)):
         if value is not None:
             setattr(args, key, value)
     build_tiny_model(out, seed=a.seed, force=a.force, threads=a.threads, args=args, device=a.device,

@@ -106,7 +106,9 @@ from clawloop.losses import (
     staleness_histogram,
     staleness_token_mask,
     step_denominator,
+    teacher_surer,
     tis_weights,
+    trusted_agreement,
 )
 from clawloop.losses.plugins import custom_loss_inputs
 from clawloop.records import Sample
@@ -665,8 +667,18 @@ class Trainer:
         b.fixed_stats = dict(tis_stats)
         b.old = old
 
+    def _trust(self, b: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The teacher's agreement as the credit reads it, and the positions a distribution target may teach:
+        under `--opd-trust surer` only where the hinted teacher is surer of its top token than the student
+        is of its own, a disagreement elsewhere not counting as the divergence point (`losses/credit.py`)."""
+        if self.tc.opd_trust != "surer" or b.teacher_agrees is None or b.topk_lp is None:
+            return b.teacher_agrees, None
+        surer = teacher_surer(b.topk_lp[..., 0], logits, b.has_topk)  # (B, W)
+        return trusted_agreement(b.teacher_agrees, surer, b.has_topk), surer
+
     def _objective(self, b: MicroBatch, lp: torch.Tensor, logits: torch.Tensor, denom: float,
-                   use_pg: bool) -> tuple[torch.Tensor, dict[str, float]]:
+                   use_pg: bool, agrees: torch.Tensor | None = None,
+                   surer: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """The method's objective on one micro-batch: one pure function per method (`losses/__init__.py`
         has the table), each building its own advantages from the batch's signals. A custom loss stands in
         for the PPO clip inside it, with the micro-batch's inputs bound. `use_pg`: some sample of the step
@@ -680,7 +692,8 @@ class Trainer:
         pre = dict(pre_advantages=b.pre_adv, has_pre=b.has_pre) if use_pg else {}
         if self.opd_target in ("topk", "nucleus"):
             return distill_loss(lp, b.old, logits, b.mask, teacher_topk_ids=b.topk_ids, teacher_topk_logprobs=b.topk_lp,
-                                has_topk=b.has_topk, teacher_agrees=b.teacher_agrees, target=self.opd_target,
+                                has_topk=b.has_topk, teacher_agrees=agrees, teacher_surer=surer,
+                                target=self.opd_target,
                                 top_p=t.opd_nucleus_p, w_opd=t.w_opd, scores=b.scores if self.use_rl else None,
                                 w_rl=t.w_rl if self.use_rl else 1.0, **pre, **pg)
         if t.method == "binary":
@@ -696,12 +709,13 @@ class Trainer:
         t = self.tc
         stats = dict(b.fixed_stats)
         terms: list[torch.Tensor] = []
+        agrees, surer = self._trust(b, logits)
         if use_pg or b.topk_ids is not None:
-            obj, s = self._objective(b, lp, logits, denom, use_pg)
+            obj, s = self._objective(b, lp, logits, denom, use_pg, agrees, surer)
             terms.append(obj)
             stats.update(s)
         if b.ref_logits is not None:
-            amask = anchor_positions(b.mask, b.scores, b.has_pre, b.teacher_agrees)  # (B, W)
+            amask = anchor_positions(b.mask, b.scores, b.has_pre, agrees)  # (B, W)
             an, s = anchor_kl_loss(logits, b.ref_logits, amask, coef=t.anchor_coef, agg=t.loss_agg, denominator=denom)
             terms.append(an)
             stats.update(s)

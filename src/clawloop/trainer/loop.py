@@ -144,6 +144,9 @@ class TrainerLoop:
         self.thread: threading.Thread | None = None
         self.nice = 0  # the trainer thread's nice value once it runs (train.nice)
         self.consumed = False  # the last run_once took a batch (trained, or dropped as stale)
+        self.busy = False
+        """A batch is being trained, gated or published (a client waiting for the next version can tell
+        a step under way from a trainer still waiting for samples: /health's `train`)."""
         if engine is not None and 0 < self.tc.max_staleness < self.tc.publish_interval:
             log.warning("train.publish_interval %d > train.max_staleness %d: each publish moves the served version "
                         "%d ahead, so every turn served before it and not yet trained on is dropped as stale "
@@ -293,22 +296,26 @@ class TrainerLoop:
         if len(self.pending) < self.tc.rollout_batch_size:
             self._save_cursor()  # skipped rows are consumed too
             return False
-        batch = self.take_batch()
-        self.consumed = True
-        served = self.engine.policy_version if self.engine is not None else self.newest_version
-        stats = self.train_step(batch, served)
-        self.counts["stale_dropped"] += int(stats.get("train/stale_dropped", 0))
-        self._save_cursor()  # the batch is consumed, trained or dropped as stale
-        if stats.get("train/skipped_step"):
-            self.counts["skipped_steps"] += 1
-            return False
-        self.counts["steps"] += 1
-        self.last_step_at = time.time()
-        if self.engine is not None and self.trainer.step_count % max(1, self.tc.publish_interval) == 0:
-            self.publish_weights()
-        if self.tc.save_interval and self.trainer.step_count % self.tc.save_interval == 0:
-            self.checkpoint()
-        return True
+        self.busy = True
+        try:
+            batch = self.take_batch()
+            self.consumed = True
+            served = self.engine.policy_version if self.engine is not None else self.newest_version
+            stats = self.train_step(batch, served)
+            self.counts["stale_dropped"] += int(stats.get("train/stale_dropped", 0))
+            self._save_cursor()  # the batch is consumed, trained or dropped as stale
+            if stats.get("train/skipped_step"):
+                self.counts["skipped_steps"] += 1
+                return False
+            self.counts["steps"] += 1
+            self.last_step_at = time.time()
+            if self.engine is not None and self.trainer.step_count % max(1, self.tc.publish_interval) == 0:
+                self.publish_weights()
+            if self.tc.save_interval and self.trainer.step_count % self.tc.save_interval == 0:
+                self.checkpoint()
+            return True
+        finally:
+            self.busy = False
 
     def _save_cursor(self) -> None:
         if self.store is not None and self.cursor != self._saved_cursor:
@@ -381,6 +388,8 @@ class TrainerLoop:
     def stats(self) -> dict[str, float]:
         out = {f"train/{k}": float(v) for k, v in self.counts.items()}
         out["train/pending_samples"] = float(len(self.pending))
+        out["train/batch_size"] = float(self.tc.rollout_batch_size)
+        out["train/busy"] = float(self.busy)
         out["train/policy_version"] = float(self.trainer.version)
         out["train/step"] = float(self.trainer.step_count)
         out["train/no_signal_frac"] = 1.0 - (sum(self.window) / len(self.window)) if self.window else 0.0
