@@ -96,6 +96,32 @@ def test_opd_divergence_cut_by_hand():
     assert both.tolist()[0] == pytest.approx([1.5, 1.0, -2.0, 1.0, 1.0])
 
 
+def test_teacher_trust_by_hand():
+    """One row, vocabulary (a, b, c), sampled a, b, c, a. Position 0: the teacher agrees (top-1 a) and is surer
+    (log 0.9 > the student's top log 0.5): counts. Position 1: it would write c, but its preference c over b
+    (log 0.4 - log 0.3) is weaker than the student's b over c (log 0.8 - log 0.1): an unsure teacher, no
+    divergence. Position 2: it would write a, preferring it over c by log(0.9 / 0.01), more than the student's
+    c over a, log(0.5 / 0.3): the divergence point. Position 3: agrees but less sure (0.4 < 0.6): not taught."""
+    from clawloop.losses import teacher_trust, trusted_agreement
+
+    student = torch.tensor([[[0.5, 0.3, 0.2], [0.1, 0.8, 0.1], [0.3, 0.2, 0.5], [0.6, 0.2, 0.2]]]).log()  # (1, 4, 3)
+    teacher = torch.tensor([[[0.9, 0.05, 0.05], [0.3, 0.3, 0.4], [0.9, 0.09, 0.01], [0.4, 0.3, 0.3]]]).log()
+    y = torch.tensor([[0, 1, 2, 0]])
+    t_top = teacher.argmax(-1)  # (1, 4): a, c, a, a
+    agrees = t_top == y
+    lp = student.gather(-1, y[..., None])[..., 0]
+    t_lp = teacher.gather(-1, y[..., None])[..., 0]
+    has = torch.tensor([True])
+    trusted = teacher_trust(agrees, t_lp, t_top, teacher.max(-1).values, lp, student, has)
+    assert trusted.tolist() == [[True, False, True, False]]
+    eff = trusted_agreement(agrees, trusted, has)
+    assert eff.tolist() == [[True, True, False, True]]
+    mask = torch.ones(1, 4)
+    assert (until_divergence(eff, mask) & trusted).tolist() == [[True, False, True, False]]
+    # a row without a teacher is never trusted and keeps its own agreement
+    assert not teacher_trust(agrees, t_lp, t_top, teacher.max(-1).values, lp, student, torch.tensor([False])).any()
+
+
 def test_nucleus_mass_loss_by_hand():
     """Teacher top-3 probs 0.6, 0.25, 0.15 with top_p 0.8: the nucleus is the first two (0.6 < 0.8, then
     0.85 >= 0.8 stops it). Student probs over a 4-token vocabulary [0.1, 0.2, 0.3, 0.4] with the teacher's

@@ -233,11 +233,12 @@ class TrainConfig:
                           "is no evidence about the rest. all: every token (OPD as published).",
                           flags=("--opd-credit",), choices=("divergence", "all"))
     opd_trust: str = opt("surer", "OPD with a distribution target (topk, nucleus): where the hinted teacher's view "
-                         "counts. surer: only where the teacher is surer of its top token than the student is of its "
-                         "own (a hint can make the teacher unsure of what it does not concern, e.g. the digits of a "
-                         "sum under a style hint; those positions are left to the anchor and a disagreement there is "
-                         "not the divergence point). all: every position up to the divergence point.",
-                         flags=("--opd-trust",), choices=("surer", "all"))
+                         "counts. surer: where it is the surer of the two (agreeing, surer of the token than the "
+                         "student is of its own top token; disagreeing, preferring its token over the written one "
+                         "more than the student prefers the written one over it). A hint can make the teacher unsure "
+                         "of what it does not concern, e.g. the digits of a sum under a style hint: those positions "
+                         "are left to the anchor and a disagreement there is not the divergence point. all: every "
+                         "position up to the divergence point.", flags=("--opd-trust",), choices=("surer", "all"))
     opd_target: str = opt("topk", "What the OPD term teaches: topk (reverse KL to the hinted teacher's K most "
                           "likely tokens plus a tail bin, K = --distill-topk), nucleus (the student's mass on the "
                           "teacher's top-p nucleus: the teacher vetoes, the student keeps its own preferences inside), "

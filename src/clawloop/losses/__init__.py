@@ -16,7 +16,7 @@ and adds the regularisers itself: kl.py (anchor_kl_loss on credit.anchor_positio
                    group_normalize (groups of unequal size), running_baseline, step_wise_advantages
     ppo.py         ppo_clip_loss          the clipped surrogate the advantage objectives train with
     credit.py      until_divergence       where a hinted teacher's view is evidence; anchor_positions;
-                   teacher_surer, trusted_agreement (--opd-trust surer)
+                   teacher_trust, trusted_agreement (--opd-trust surer)
     topk.py        topk_distill_loss      reverse KL over the teacher's top-K + a tail bucket
     nucleus.py     nucleus_mass_loss      the student's mass on the teacher's top-p nucleus
     kl.py          kl_loss, entropy_bonus KL to a reference (k1/k2/k3), entropy; both off by default
@@ -40,7 +40,7 @@ from clawloop.losses.aggregation import (
 )
 from clawloop.losses.binary import binary_rl_loss
 from clawloop.losses.combine import combine_loss
-from clawloop.losses.credit import anchor_positions, teacher_surer, trusted_agreement, until_divergence
+from clawloop.losses.credit import anchor_positions, teacher_trust, trusted_agreement, until_divergence
 from clawloop.losses.distill import DISTILL_TARGETS, distill_loss
 from clawloop.losses.kl import KL_KINDS, anchor_kl_loss, entropy_bonus, entropy_from_logits, kl_loss, kl_penalty
 from clawloop.losses.offpolicy import (
@@ -101,7 +101,7 @@ __all__ = [
     "topk_distill_loss",
     "nucleus_mass_loss",
     "teacher_nucleus",
-    "teacher_surer",
+    "teacher_trust",
     "trusted_agreement",
     "until_divergence",
 ]

@@ -13,10 +13,10 @@ rejection.
 
     until_divergence(agrees, mask)   (B, T) bool: positions up to and including
                                       the first disagreement on each row
-    teacher_surer(top1_lp, logits, has_teacher)  (B, T) bool: where the teacher is surer of
-                                      its top token than the student is of its own
-    trusted_agreement(agrees, surer, has_teacher)  agreement with the unsure positions
-                                      counted as agreed (no divergence there)
+    teacher_trust(...)               (B, T) bool: where the teacher's view counts
+                                      (`--opd-trust surer`)
+    trusted_agreement(agrees, trusted, has_teacher)  agreement with the untrusted
+                                      positions counted as agreed (no divergence there)
 
 A hint can make the teacher *less* sure of what the hint does not concern: on the
 tiny model, "End your answer with an exclamation mark." after the question takes
@@ -25,9 +25,11 @@ its top-1 digit is the right one only 55 % of the time. Distilled there, the
 teacher pulls the student's digits flat, and a digit it gets wrong becomes the
 divergence point, so the correction the hint was about (the "!") is never reached
 (`bench/opd_trust.py`). With `--opd-trust surer` (the default) the teacher's view
-counts only where it is surer of its top token than the student is of its own;
-elsewhere the anchor holds the student, and a disagreement there is not a
-divergence.
+counts only where it is the surer of the two (`teacher_trust`: where it agrees,
+surer of the token than the student is of its own top token; where it disagrees,
+preferring its token over the written one more strongly than the student prefers
+the written one over its token); elsewhere the anchor holds the student, and a
+disagreement there is not a divergence.
     anchor_positions(mask, scores, ...)  (B, T): where no signal names a token (the anchor's)
 """
 
@@ -62,18 +64,35 @@ def anchor_positions(mask: torch.Tensor, scores: torch.Tensor, has_pre: torch.Te
     return amask
 
 
-def teacher_surer(teacher_top1_lp: torch.Tensor, logits: torch.Tensor, has_teacher: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool: positions where the teacher's top-1 logprob `teacher_top1_lp` (B, T) is above the student's
-    own top-1 logprob (from `logits` (B, T, V), no gradient), on the rows `has_teacher` (B,) marks."""
-    if teacher_top1_lp.shape != logits.shape[:2]:
-        raise ValueError(f"teacher_top1_lp {tuple(teacher_top1_lp.shape)} and logits {tuple(logits.shape)} differ")
+def teacher_trust(agrees: torch.Tensor, teacher_lp: torch.Tensor, teacher_top1: torch.Tensor,
+                  teacher_top1_lp: torch.Tensor, logprobs: torch.Tensor, logits: torch.Tensor,
+                  has_teacher: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: the positions of the teacher rows (`has_teacher` (B,)) where the hinted teacher's view counts.
+
+    Where the teacher would write the sampled token (`agrees`), it counts if the teacher is surer of it than
+    the student is of its own top token (else distilling it would only make the student less sure). Where the
+    teacher would write another token z, it counts if the teacher's preference for z over the sampled y is
+    stronger than the student's for y over z: lp_t(z) - lp_t(y) > lp_s(y) - lp_s(z), i.e. the product of the
+    two distributions also picks z. A style hint rejects a wrong opener by ~8 nats where the student barely
+    preferred it, and counts; an unsure teacher's other digit (its top-1 at -0.9, the right digit at -2.6)
+    against a student sure of the right one (-0.2) does not.
+
+    `teacher_lp` (B, T) the teacher's logprob of the sampled tokens, `teacher_top1` / `teacher_top1_lp` (B, T)
+    its most likely token and that token's logprob, `logprobs` (B, T) the student's logprob of the sampled
+    tokens, `logits` (B, T, V) the student's (no gradient is taken)."""
     with torch.no_grad():
         z = logits.detach().float()  # (B, T, V)
-        student_top1 = z.max(dim=-1).values - torch.logsumexp(z, dim=-1)  # (B, T)
-        return (teacher_top1_lp.float() > student_top1) & has_teacher.bool()[:, None]  # (B, T)
+        lse = torch.logsumexp(z, dim=-1)  # (B, T)
+        s_top = z.max(dim=-1).values - lse  # (B, T) the student's own top-1 logprob
+        s_z = z.gather(-1, teacher_top1.clamp(min=0).unsqueeze(-1)).squeeze(-1) - lse  # (B, T)
+        s_y = logprobs.detach().float()  # (B, T)
+        t_z, t_y = teacher_top1_lp.float(), teacher_lp.float()  # (B, T)
+        surer = t_z > s_top  # (B, T)
+        convinced = (t_z + s_z) > (t_y + s_y)  # (B, T) NaN (no teacher) compares False
+        return torch.where(agrees.bool(), surer, convinced) & has_teacher.bool()[:, None]  # (B, T)
 
 
-def trusted_agreement(agrees: torch.Tensor, surer: torch.Tensor, has_teacher: torch.Tensor) -> torch.Tensor:
-    """`agrees` (B, T) with every position of a teacher row (`has_teacher` (B,)) where the teacher is not
-    surer (`surer` (B, T)) counted as agreed: its disagreement there is no divergence."""
-    return agrees.bool() | (has_teacher.bool()[:, None] & ~surer.bool())  # (B, T)
+def trusted_agreement(agrees: torch.Tensor, trusted: torch.Tensor, has_teacher: torch.Tensor) -> torch.Tensor:
+    """`agrees` (B, T) with every position of a teacher row (`has_teacher` (B,)) the teacher is not trusted at
+    (`trusted` (B, T), `teacher_trust`) counted as agreed: a disagreement there is no divergence point."""
+    return agrees.bool() | (has_teacher.bool()[:, None] & ~trusted.bool())  # (B, T)

@@ -11,9 +11,9 @@ The hinted teacher reports its K most likely tokens at each response position; t
 
 D covers a hinted row's positions up to the divergence point when `teacher_agrees` is given
 (`--opd-credit divergence`, `credit.py`): after the first token the teacher would not have
-written, its view is conditioned on a prefix it would never produce; with `teacher_surer`
-(`--opd-trust surer`) only the positions where the teacher is surer of its top token than
-the student is of its own count (`credit.teacher_surer`).
+written, its view is conditioned on a prefix it would never produce; with `teacher_trusted`
+(`--opd-trust surer`) only the positions where the teacher is the surer of the two count
+(`credit.teacher_trust`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def distill_loss(
     teacher_topk_logprobs: torch.Tensor | None,
     has_topk: torch.Tensor | None = None,
     teacher_agrees: torch.Tensor | None = None,
-    teacher_surer: torch.Tensor | None = None,
+    teacher_trusted: torch.Tensor | None = None,
     target: str = "topk",
     top_p: float = 0.9,
     w_opd: float = 1.0,
@@ -60,7 +60,7 @@ def distill_loss(
     `logits` (B, T, V) carry the gradient of the target's term, `logprobs` (B, T) that of the
     policy-gradient term; `teacher_topk_ids` / `teacher_topk_logprobs` (B, T, K), most likely
     first (None: no hinted row in the batch), `has_topk` (B,) the rows the teacher saw a hint for
-    (None: all), `teacher_surer` (B, T) the positions the target may teach (None: all; the caller
+    (None: all), `teacher_trusted` (B, T) the positions the target may teach (None: all; the caller
     passes `teacher_agrees` with the others counted as agreed). `scores` (B,) NaN where none; `pg_knobs` go to `policy_loss`. Stats: the
     policy-gradient term's, the target's, train/topk_loss (the weighted top-K term) and
     train/opd_after_divergence_frac (share of the hinted positions past the divergence point)."""
@@ -88,9 +88,9 @@ def distill_loss(
             stats["train/opd_after_divergence_frac"] = (
                 1.0 - float(kept.sum()) / float(kmask.sum()) if float(kmask.sum()) else 0.0)
             kmask = kmask * kept
-        if teacher_surer is not None:  # --opd-trust surer: not where the teacher is less sure than the student
+        if teacher_trusted is not None:  # --opd-trust surer: only where the teacher is the surer of the two
             hinted = float(kmask.sum())
-            kmask = kmask * teacher_surer
+            kmask = kmask * teacher_trusted
             stats["train/opd_unsure_frac"] = 1.0 - float(kmask.sum()) / hinted if hinted else 0.0
         if target == "nucleus":
             tk, s = nucleus_mass_loss(logits, teacher_topk_ids, teacher_topk_logprobs, kmask, top_p=top_p,

@@ -106,7 +106,7 @@ from clawloop.losses import (
     staleness_histogram,
     staleness_token_mask,
     step_denominator,
-    teacher_surer,
+    teacher_trust,
     tis_weights,
     trusted_agreement,
 )
@@ -667,18 +667,21 @@ class Trainer:
         b.fixed_stats = dict(tis_stats)
         b.old = old
 
-    def _trust(self, b: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _trust(self, b: MicroBatch, lp: torch.Tensor,
+               logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The teacher's agreement as the credit reads it, and the positions a distribution target may teach:
-        under `--opd-trust surer` only where the hinted teacher is surer of its top token than the student
-        is of its own, a disagreement elsewhere not counting as the divergence point (`losses/credit.py`)."""
-        if self.tc.opd_trust != "surer" or b.teacher_agrees is None or b.topk_lp is None:
+        under `--opd-trust surer` only where the hinted teacher is the surer of the two, a disagreement
+        elsewhere not counting as the divergence point (`losses/credit.teacher_trust`)."""
+        if (self.tc.opd_trust != "surer" or b.teacher_agrees is None or b.topk_lp is None or b.topk_ids is None
+                or b.teacher_lp is None):
             return b.teacher_agrees, None
-        surer = teacher_surer(b.topk_lp[..., 0], logits, b.has_topk)  # (B, W)
-        return trusted_agreement(b.teacher_agrees, surer, b.has_topk), surer
+        trusted = teacher_trust(b.teacher_agrees, b.teacher_lp, b.topk_ids[..., 0], b.topk_lp[..., 0], lp, logits,
+                                b.has_topk)  # (B, W)
+        return trusted_agreement(b.teacher_agrees, trusted, b.has_topk), trusted
 
     def _objective(self, b: MicroBatch, lp: torch.Tensor, logits: torch.Tensor, denom: float,
                    use_pg: bool, agrees: torch.Tensor | None = None,
-                   surer: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                   trusted: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """The method's objective on one micro-batch: one pure function per method (`losses/__init__.py`
         has the table), each building its own advantages from the batch's signals. A custom loss stands in
         for the PPO clip inside it, with the micro-batch's inputs bound. `use_pg`: some sample of the step
@@ -692,7 +695,7 @@ class Trainer:
         pre = dict(pre_advantages=b.pre_adv, has_pre=b.has_pre) if use_pg else {}
         if self.opd_target in ("topk", "nucleus"):
             return distill_loss(lp, b.old, logits, b.mask, teacher_topk_ids=b.topk_ids, teacher_topk_logprobs=b.topk_lp,
-                                has_topk=b.has_topk, teacher_agrees=agrees, teacher_surer=surer,
+                                has_topk=b.has_topk, teacher_agrees=agrees, teacher_trusted=trusted,
                                 target=self.opd_target,
                                 top_p=t.opd_nucleus_p, w_opd=t.w_opd, scores=b.scores if self.use_rl else None,
                                 w_rl=t.w_rl if self.use_rl else 1.0, **pre, **pg)
@@ -709,9 +712,9 @@ class Trainer:
         t = self.tc
         stats = dict(b.fixed_stats)
         terms: list[torch.Tensor] = []
-        agrees, surer = self._trust(b, logits)
+        agrees, trusted = self._trust(b, lp, logits)
         if use_pg or b.topk_ids is not None:
-            obj, s = self._objective(b, lp, logits, denom, use_pg, agrees, surer)
+            obj, s = self._objective(b, lp, logits, denom, use_pg, agrees, trusted)
             terms.append(obj)
             stats.update(s)
         if b.ref_logits is not None:
