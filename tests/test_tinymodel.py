@@ -283,6 +283,36 @@ def test_loss_mask_covers_assistant_turns_only(tok):
     assert trained == "32<|im_end|>The answer is 32.<|im_end|>"
 
 
+def test_pause_tokens_follow_every_assistant_header_and_are_never_trained(tmp_path):
+    """A model built with pauses: its template puts the PAUSE special token after each assistant header (the
+    history's and the generation prompt's, so the next turn's prompt extends the last one's), the loss mask
+    leaves them out, a decoded reply never shows them, and the saved tokenizer loads with the same template."""
+    from transformers import AutoTokenizer
+
+    from clawloop.tinymodel.tokenizer import PAUSE, save_tokenizer
+
+    tok2 = load_tokenizer(2)
+    assert tok2.convert_tokens_to_ids(PAUSE) == len(tok2) - 1 == len(load_tokenizer())
+    msgs = [{"role": "user", "content": "What is 2+30?"}, {"role": "assistant", "content": "32"},
+            {"role": "user", "content": "thanks"}]
+    text = tok2.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert text == ("<|im_start|>user\nWhat is 2+30?<|im_end|>\n<|im_start|>assistant\n" + PAUSE * 2 + "32<|im_end|>\n"
+                    "<|im_start|>user\nthanks<|im_end|>\n<|im_start|>assistant\n" + PAUSE * 2)
+    first = tok2.apply_chat_template(msgs[:1], add_generation_prompt=True, tokenize=False)
+    assert text.startswith(first + "32<|im_end|>")
+    assert text == render_chat(msgs, add_generation_prompt=True, template=tok2.chat_template)
+    [(ids, mask)] = encode_conversations(tok2, [{"messages": msgs[:2]}])
+    assert tok2.decode([i for i, m in zip(ids, mask) if m]) == "32<|im_end|>"
+    assert ids.count(tok2.convert_tokens_to_ids(PAUSE)) == 2
+    assert tok2.decode(ids, skip_special_tokens=True).count("pause") == 0
+    save_tokenizer(tok2, tmp_path)
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert loaded.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == text
+    assert loaded.encode(text, add_special_tokens=False) == tok2.encode(text, add_special_tokens=False)
+    # without pauses: the template and tokenizer every other tiny model has
+    assert PAUSE not in load_tokenizer().chat_template and PAUSE not in load_tokenizer().get_vocab()
+
+
 # ---------------------------------------------------------------- build
 
 

@@ -573,7 +573,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--method", default="combine", choices=("binary", "opd", "combine"))
     ap.add_argument("--batch-size", type=int, default=16, help="--rollout-batch-size of the started clawloop up.")
     ap.add_argument("--lr", type=float, default=None, help="--lr of the started clawloop up (default: its own).")
-    ap.add_argument("--settle-s", type=float, default=10.0)
+    ap.add_argument("--settle-s", type=float, default=10.0,
+                    help="After a round of conversations, the longest wait for a new policy version; a clawloop's "
+                         "/health says when its trainer has less than a batch and is not stepping, and the next "
+                         "round starts at once.")
     ap.add_argument("--max-minutes", type=float, default=7.0,
                     help="Training time per persona; a policy that stops advancing (the publish gate refusing every "
                          "candidate) ends its persona's training here, with what was reached.")

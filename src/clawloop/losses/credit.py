@@ -50,16 +50,19 @@ def until_divergence(agrees: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def anchor_positions(mask: torch.Tensor, scores: torch.Tensor, has_pre: torch.Tensor,
-                     teacher_agrees: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, T) the positions OPD's anchor (`kl.anchor_kl_loss`) holds: where no learning signal names a
-    token. Rows with an RL term (a finite non-zero score (B,), or advantages of their own, `has_pre`
-    (B,)) are left to it; on the other rows, every valid position except each row's divergence point
-    (the first position where `teacher_agrees` (B, T) is False: there the teacher said what to change).
+                     teacher_agrees: torch.Tensor | None = None, *, rl_rows: bool = False) -> torch.Tensor:
+    """(B, T) the positions the anchor (`kl.anchor_kl_loss`) holds: where no learning signal names a token.
+    Rows with an RL term (a finite non-zero score (B,), or advantages of their own, `has_pre` (B,)) are
+    left to it unless `rl_rows` (`--anchor-rl`): then every valid position of theirs is held too, a
+    KL-regularised policy gradient (where the sampled token was a choice the gradient outweighs the
+    anchor; where it was near-certain, the digits of an accepted answer, the anchor keeps the base
+    distribution). On the other rows, every valid position except each row's divergence point (the first
+    position where `teacher_agrees` (B, T) is False: there the teacher said what to change).
     Same dtype as `mask`."""
-    rl_rows = (torch.isfinite(scores) & (scores != 0)) | has_pre  # (B,) rows with an RL term
-    amask = mask * ~rl_rows[:, None]  # (B, T)
-    if teacher_agrees is not None:  # not where the teacher said what to change
-        first = until_divergence(teacher_agrees, mask) & ~teacher_agrees.bool()  # (B, T)
+    rl = (torch.isfinite(scores) & (scores != 0)) | has_pre  # (B,) rows with an RL term
+    amask = mask if rl_rows else mask * ~rl[:, None]  # (B, T)
+    if teacher_agrees is not None:  # not where the teacher said what to change (its rows have no RL term)
+        first = until_divergence(teacher_agrees, mask) & ~teacher_agrees.bool() & ~rl[:, None]  # (B, T)
         amask = amask * ~first
     return amask
 

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from clawloop.tinymodel import corpus
-from clawloop.tinymodel.tokenizer import (IM_END, PAD, VOCAB_SIZE, render_chat, save_tokenizer, train_tokenizer,
-                                          wrap_tokenizer)
+from clawloop.tinymodel.tokenizer import (IM_END, PAD, PAUSE, VOCAB_SIZE, render_chat, save_tokenizer,
+                                          train_tokenizer, wrap_tokenizer)
 
 MODEL_NAME = "tiny-chat-v1"
 TOKENIZER_CORPUS = 20_000
@@ -81,6 +81,10 @@ class TinyModelArgs:
     """Share of the final phase's arithmetic asked for a bare answer by an instruction (on top of
     the bare answers among the unprompted styles): a small model computes worst when the digits
     come first (bench/bare_form_skill.py: 0.46 bare against 0.92 after "The answer is")."""
+    pauses: int = 0
+    """`PAUSE` tokens after every assistant header of the chat template: positions the model computes in
+    before its answer's first token. Without them the bare form is where it computes worst (the digits
+    come first; bench/bare_form_skill.py: 0.46-0.69 right against 0.92-0.96 after "The answer is")."""
     structured: bool = True
     """Short-JSON replies and calls to unseen tools in the mixed corpus (`corpus.generate_corpus`'s
     `structured`); False builds on the corpus as it was before them (the 2026-11-23 recipe)."""
@@ -162,11 +166,12 @@ def _tokenizer_json() -> str:
     return text
 
 
-def load_tokenizer():
-    """The tiny model's tokenizer (a transformers fast tokenizer with the chat template), cached."""
+def load_tokenizer(pauses: int = 0):
+    """The tiny model's tokenizer (a transformers fast tokenizer with the chat template), cached; with
+    `pauses`, the template puts that many `PAUSE` tokens after each assistant header."""
     from tokenizers import Tokenizer
 
-    return wrap_tokenizer(Tokenizer.from_str(_tokenizer_json()))
+    return wrap_tokenizer(Tokenizer.from_str(_tokenizer_json()), pauses)
 
 
 # ---------------------------------------------------------------- model
@@ -236,7 +241,8 @@ def build_random_model(out: str | Path, layers: int = 2, hidden: int = 64, seed:
 
 # ---------------------------------------------------------------- data
 
-_ASSISTANT = re.compile(re.escape("<|im_start|>assistant\n") + r"(.*?" + re.escape(IM_END) + ")", re.S)
+_ASSISTANT = re.compile(re.escape("<|im_start|>assistant\n") + "(?:" + re.escape(PAUSE) + r")*(.*?"
+                        + re.escape(IM_END) + ")", re.S)
 
 
 def encode_conversations(tok, conversations: list[dict[str, Any]],
@@ -253,7 +259,7 @@ def encode_conversations(tok, conversations: list[dict[str, Any]],
         pieces = [conversations[i:i + chunk] for i in range(0, len(conversations), chunk)]
         with mp.get_context("fork").Pool(processes) as pool:
             return [row for part in pool.map(_encode_forked, pieces) for row in part]
-    texts = [render_chat(c["messages"], c.get("tools")) for c in conversations]
+    texts = [render_chat(c["messages"], c.get("tools"), template=tok.chat_template) for c in conversations]
     out = []
     for text, e in zip(texts, tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)):
         spans = [m.span(1) for m in _ASSISTANT.finditer(text)]
@@ -480,7 +486,8 @@ def generate_replies(model, tok, prompts: list[dict[str, Any]], max_new_tokens: 
     if sample_seed is not None:
         sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
         torch.manual_seed(sample_seed)
-    texts = [render_chat(p["messages"], p.get("tools"), add_generation_prompt=True) for p in prompts]
+    texts = [render_chat(p["messages"], p.get("tools"), add_generation_prompt=True, template=tok.chat_template)
+             for p in prompts]
     replies: list[str] = []
     tok.padding_side = "left"
     with torch.no_grad():
@@ -600,7 +607,7 @@ def build_tiny_model(out: str | Path | None = None, seed: int = 0, steps: int | 
         args.steps = steps
     torch.set_num_threads(threads or min(8, os.cpu_count() or 1))
     t_start = time.perf_counter()
-    tok = load_tokenizer()
+    tok = load_tokenizer(args.pauses)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(_config(tok, args.layers, args.hidden, args.intermediate))
     params = sum(p.numel() for p in model.parameters())
@@ -658,6 +665,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"Calculator conversations beside each final-phase batch (default {TinyModelArgs.final_tool_rows}).")
     p.add_argument("--final-bare", type=float, default=None,
                    help=f"Share of final-phase arithmetic asked for a bare answer (default {TinyModelArgs.final_bare}).")
+    p.add_argument("--pauses", type=int, default=None,
+                   help=f"Pause tokens after each assistant header of the template (default {TinyModelArgs.pauses}).")
     p.add_argument("--no-structured", dest="structured", action="store_false", default=None,
                    help="Leave the short-JSON replies and calls to unseen tools out of the mixed corpus.")
     p.add_argument("--long-max-chars", type=int, default=None,
@@ -679,7 +688,8 @@ def main(argv: list[str] | None = None) -> int:
     args.steps, args.final_steps = round(args.steps * a.scale), round(args.final_steps * a.scale)
     for key, value in (("long_every", a.long_every), ("final_tool_rows", a.tool_rows), ("layers", a.layers),
                        ("batch_size", a.batch_size), ("final_bare", a.final_bare),
-                       ("long_max_chars", a.long_max_chars), ("lr", a.lr), ("structured", a.structured)):
+                       ("long_max_chars", a.long_max_chars), ("lr", a.lr), ("structured", a.structured),
+                       ("pauses", a.pauses)):
         if value is not None:
             setattr(args, key, value)
     build_tiny_model(out, seed=a.seed, force=a.force, threads=a.threads, args=args, device=a.device,

@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+PAUSE = "<|pause|>"
+"""A model built with pauses (`chat_template(pauses)`) has this special token after every assistant header:
+positions to compute in before the answer's first token (Goyal et al. 2023, "Think before you speak:
+training language models with pause tokens"); never generated (the loss mask leaves it out)."""
 SPECIAL_TOKENS = (PAD, IM_START, IM_END)
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 ADDED_TOKENS = (TOOL_OPEN, TOOL_CLOSE)
@@ -78,22 +82,36 @@ CHAT_TEMPLATE = (
 )
 
 
-@lru_cache(maxsize=1)
-def _compiled_template():
-    """The chat template compiled the way transformers compiles it (sandboxed,
+_ASSISTANT_OPEN = "'<|im_start|>assistant\\n'"
+
+
+def chat_template(pauses: int = 0) -> str:
+    """The chat template; with `pauses` > 0, that many `PAUSE` tokens after every assistant header (the
+    history's assistant messages and the generation prompt alike, so a conversation renders the same
+    prefix turn after turn)."""
+    if pauses < 0:
+        raise ValueError(f"pauses must be >= 0, got {pauses}")
+    return CHAT_TEMPLATE.replace(_ASSISTANT_OPEN, _ASSISTANT_OPEN[:-1] + PAUSE * pauses + "'")
+
+
+@lru_cache(maxsize=4)
+def _compiled_template(template: str = CHAT_TEMPLATE):
+    """A chat template compiled the way transformers compiles it (sandboxed,
     trim/lstrip blocks, a non-escaping `tojson`), for rendering a corpus fast."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
         x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
-    return env.from_string(CHAT_TEMPLATE)
+    return env.from_string(template)
 
 
 def render_chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                add_generation_prompt: bool = False) -> str:
-    """The prompt text, identical to `tokenizer.apply_chat_template(..., tokenize=False)`."""
-    return _compiled_template().render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
+                add_generation_prompt: bool = False, template: str | None = None) -> str:
+    """The prompt text, identical to `tokenizer.apply_chat_template(..., tokenize=False)` (with `template`,
+    that tokenizer's `chat_template`; default: the template without pauses)."""
+    return _compiled_template(template or CHAT_TEMPLATE).render(messages=messages, tools=tools,
+                                                                add_generation_prompt=add_generation_prompt)
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = VOCAB_SIZE):
@@ -125,14 +143,18 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = VOCAB_SIZE):
     return tok
 
 
-def wrap_tokenizer(tok) -> Any:
-    """A transformers fast tokenizer around a trained `tokenizers.Tokenizer`, with the chat template."""
+def wrap_tokenizer(tok, pauses: int = 0) -> Any:
+    """A transformers fast tokenizer around a trained `tokenizers.Tokenizer`, with the chat template
+    (`chat_template(pauses)`; with pauses the `PAUSE` special token is added, the last id)."""
+    from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
 
+    if pauses:
+        tok.add_special_tokens([AddedToken(PAUSE, special=True, normalized=False)])
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD, unk_token=PAD,
-                                 additional_special_tokens=[IM_START], model_max_length=2048,
-                                 padding_side="left", clean_up_tokenization_spaces=False)
-    hf.chat_template = CHAT_TEMPLATE
+                                 additional_special_tokens=[IM_START] + ([PAUSE] if pauses else []),
+                                 model_max_length=2048, padding_side="left", clean_up_tokenization_spaces=False)
+    hf.chat_template = chat_template(pauses)
     return hf
 
 
@@ -144,8 +166,8 @@ def save_tokenizer(hf_tokenizer: Any, out: str | Path) -> None:
     cfg_path = out / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg["chat_template"] = hf_tokenizer.chat_template or CHAT_TEMPLATE
     # 5.x writes a list under `extra_special_tokens`; 4.x expects a dict there but reads this list.
     cfg.pop("extra_special_tokens", None)
-    cfg["additional_special_tokens"] = [IM_START]
+    cfg["additional_special_tokens"] = [IM_START] + ([PAUSE] if PAUSE in hf_tokenizer.get_vocab() else [])
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")

@@ -294,9 +294,9 @@ class Trainer:
         self.token_opd = self.opd_target == "advantage"
         # Frozen base weights for the OPD teacher (--teacher frozen) and the KL reference: under LoRA the
         # model with its adapter switched off is exactly that, so only full fine-tuning keeps a copy.
-        # the anchor holds the positions of a corrected answer the teacher did not name: an OPD thing (binary
-        # trains only on accepted answers under negative_weight 0, so it would have nothing to anchor)
-        self.anchors = self.use_opd and t.anchor_coef > 0
+        # the anchor holds the positions of a corrected answer the teacher did not name, and (anchor_rl) the
+        # answers with an RL term too: KL-regularised RL, so binary has it as well
+        self.anchors = t.anchor_coef > 0 and (self.use_opd or (self.use_rl and t.anchor_rl))
         needs_frozen = (self.use_opd and t.teacher == "frozen") or t.kl_coef > 0 or self.anchors
         self.frozen = None
         if needs_frozen and not self.use_lora:
@@ -718,7 +718,7 @@ class Trainer:
             terms.append(obj)
             stats.update(s)
         if b.ref_logits is not None:
-            amask = anchor_positions(b.mask, b.scores, b.has_pre, agrees)  # (B, W)
+            amask = anchor_positions(b.mask, b.scores, b.has_pre, agrees, rl_rows=t.anchor_rl)  # (B, W)
             an, s = anchor_kl_loss(logits, b.ref_logits, amask, coef=t.anchor_coef, agg=t.loss_agg, denominator=denom)
             terms.append(an)
             stats.update(s)
