@@ -249,14 +249,17 @@ def test_default_binary_learns_the_form_and_keeps_the_arithmetic(tiny_model, tmp
     assert lost < -0.5, f"the old settings were expected to damage the arithmetic, got {lost:.2f}"
 
 
-def test_the_trainer_anchors_what_no_signal_names(random_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("anchor_rl", [True, False])
+def test_the_trainer_anchors_what_no_signal_names(random_model_dir, tmp_path, monkeypatch, anchor_rl):
     """combine: a corrected answer (score -1, hint; no RL term under negative weight 0) is anchored on every
-    response position but its divergence point; an accepted answer (an RL term) is not anchored at all."""
+    response position but its divergence point; an accepted answer (an RL term) on every response position
+    with `--anchor-rl` (the default: a KL-regularised policy gradient), not at all without it."""
     import clawloop.trainer.core as core
     from clawloop.trainer import Trainer
     from test_train_objectives import samples_for
 
-    cfg = make_cfg(random_model_dir, tmp_path, train__method="combine")
+    cfg = make_cfg(random_model_dir, tmp_path, train__method="combine", train__anchor_rl=str(anchor_rl).lower(),
+                   train__opd_trust="all")
     tr = Trainer(cfg, str(random_model_dir))
     seen = {}
     real = core.anchor_kl_loss
@@ -274,9 +277,21 @@ def test_the_trainer_anchors_what_no_signal_names(random_model_dir, tmp_path, mo
     order = sorted(range(2), key=lambda i: len(samples[i].tokens))  # micro-batch rows are sorted by length
     m = seen["mask"]
     corrected, accepted = order.index(0), order.index(1)
-    assert float(m[accepted].sum()) == 0
+    if anchor_rl:
+        n_resp = len(samples[1].tokens) - samples[1].prompt_len
+        assert float(m[accepted].sum()) == n_resp
+    else:
+        assert float(m[accepted].sum()) == 0
     want = b.mask[0].bool() & ~first[0]
     assert m[corrected].bool()[:want.shape[0]].tolist() == want.tolist() and int(want.sum()) > 0
+
+
+def test_binary_has_the_anchor_only_with_anchor_rl(random_model_dir, tmp_path):
+    from clawloop.trainer import Trainer
+
+    assert Trainer(make_cfg(random_model_dir, tmp_path, train__method="binary"), str(random_model_dir)).anchors
+    assert not Trainer(make_cfg(random_model_dir, tmp_path, train__method="binary", train__anchor_rl="false"),
+                       str(random_model_dir)).anchors
 
 
 def test_opd_trusts_the_teacher_only_where_it_is_surer(tiny_model, tmp_path):

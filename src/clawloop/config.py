@@ -316,6 +316,11 @@ class GateConfig:
     builtin: str = opt("auto", "The built-in checks (held-out arithmetic and style instructions, what the tiny model "
                                "could do at start): auto (on for the embedded tiny model, off for other models), on, "
                                "off.", flags=("--gate-builtin",), choices=("auto", "on", "off"))
+    backoff: float = opt(1.0, "On a refused candidate the trainer's learning rate is multiplied by this (down to 1/8 "
+                              "of --lr), and each passed one divides it back up to --lr: a step that lost what the "
+                              "model could do is retried shorter from the last good weights, instead of the same "
+                              "length again (at the tolerance's edge every full step is refused). 1: off.",
+                         flags=("--gate-backoff",))
     builtin_checks: int = opt(64, "Built-in checks per group (arithmetic, instructions).")
     max_tokens: int = opt(24, "Longest reply to a check, in tokens (greedy decoding); a regression-set line may set "
                               "its own max_tokens.")
@@ -815,6 +820,7 @@ def validate_train(t: TrainConfig, need: Any) -> None:
 def validate_gate(g: GateConfig, need: Any) -> None:
     """The gate section's rules; `need(ok, key, why)` raises a ConfigError naming the key."""
     need(0.0 <= g.tolerance <= 1.0, "gate.tolerance", f"must be in [0, 1] (a pass-rate difference), got {g.tolerance}")
+    need(0.0 < g.backoff <= 1.0, "gate.backoff", f"must be in (0, 1] (1: off), got {g.backoff}")
     need(g.builtin_checks >= 1, "gate.builtin_checks", "must be >= 1")
     need(g.max_tokens >= 1, "gate.max_tokens", "must be >= 1")
     need(g.batch_size >= 1, "gate.batch_size", "must be >= 1")

@@ -339,13 +339,24 @@ class Verdict:
     """The group that lost most against its baseline."""
 
 
+MIN_LR_SCALE = 1 / 8
+"""The gate's backoff never takes the learning rate under this share of the configured one."""
+
+
 class PublishGate:
     """Scores candidates on `checks` against the baseline; rolls a refused one back (module docstring)."""
 
-    def __init__(self, checks: list[Check], tolerance: float, *, batch_size: int = 64):
+    def __init__(self, checks: list[Check], tolerance: float, *, batch_size: int = 64, backoff: float = 1.0):
+        if not 0.0 < backoff <= 1.0:
+            raise ValueError(f"gate backoff must be in (0, 1], got {backoff}")
         self.checks = checks
         self.tolerance = float(tolerance)
         self.batch_size = batch_size
+        self.backoff = float(backoff)
+        """On a refusal the trainer's learning rate is multiplied by this (down to MIN_LR_SCALE of its own), a
+        passed candidate divides it back (up to the configured rate); 1: off."""
+        self.lr_scale = 1.0
+        self.base_lr: float | None = None
         self.fingerprint = set_fingerprint(checks)
         self.baseline: dict[str, float] = {}
         self.snapshot: Snapshot | None = None
@@ -355,7 +366,17 @@ class PublishGate:
 
     @classmethod
     def from_config(cls, cfg: Config, checks: list[Check]) -> "PublishGate":
-        return cls(checks, cfg.gate.tolerance, batch_size=cfg.gate.batch_size)
+        return cls(checks, cfg.gate.tolerance, batch_size=cfg.gate.batch_size, backoff=cfg.gate.backoff)
+
+    def _set_lr_scale(self, trainer: Any, scale: float) -> None:
+        """The trainer's AdamW learning rate at `scale` times the configured one (rollback restores the
+        optimizer state, and with it the rate of the snapshot: set after it)."""
+        if self.base_lr is None:
+            self.base_lr = float(trainer.lr)
+        self.lr_scale = min(1.0, max(MIN_LR_SCALE, scale))
+        trainer.lr = self.base_lr * self.lr_scale
+        for g in trainer.opt.param_groups:
+            g["lr"] = trainer.lr
 
     @property
     def active(self) -> bool:
@@ -389,6 +410,7 @@ class PublishGate:
                         "%s FILE, see examples/regression_set.jsonl): versions are published unchecked",
                         model_name or "this model", FLAG)
             return
+        self.base_lr = float(trainer.lr)
         if not self.baseline:
             t0 = time.perf_counter()
             self.baseline = self.score(trainer)
@@ -412,12 +434,16 @@ class PublishGate:
         if passed:
             self.counts["passed"] += 1
             self.counts["consecutive_refusals"] = 0
+            if self.backoff < 1.0 and self.lr_scale < 1.0:
+                self._set_lr_scale(trainer, self.lr_scale / self.backoff)
             log.info("publish gate: v%d passed: %s (baseline %s)", trainer.version, _fmt(scores), _fmt(self.baseline))
             return True
         self.counts["refused"] += 1
         self.counts["consecutive_refusals"] += 1
         candidate, step = trainer.version, trainer.step_count
         self.roll_back(trainer)
+        if self.backoff < 1.0:  # a step that lost what the model could do was too long: retry with a shorter one
+            self._set_lr_scale(trainer, self.lr_scale * self.backoff)
         log.warning("publish gate: refused candidate v%d (step %d): %s %.3f vs baseline %.3f (tolerance %.3f); "
                     "still serving v%d, the trainer goes on from it (%d refused in a row)", candidate, step, worst,
                     scores[worst], self.baseline.get(worst, 0.0), self.tolerance, trainer.version,
@@ -444,7 +470,7 @@ class PublishGate:
         return {"fingerprint": self.fingerprint, "baseline": dict(self.baseline)}
 
     def stats(self) -> dict[str, float]:
-        out = {"gate/size": float(len(self.checks)), "gate/tolerance": self.tolerance,
+        out = {"gate/size": float(len(self.checks)), "gate/tolerance": self.tolerance, "gate/lr_scale": self.lr_scale,
                **{f"gate/{k}": float(v) for k, v in self.counts.items()}}
         if not self.active:
             return out
