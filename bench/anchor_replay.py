@@ -26,11 +26,11 @@ from clawloop.trainer import Trainer
 from clawloop.trainer.loop import has_signal
 
 SETTINGS = {
-    "combine (defaults)": {},
+    "combine, --anchor-rl": {"train__anchor_rl": "true"},
     "combine, --anchor-coef 0": {"train__anchor_coef": "0"},
-    "combine, --no-anchor-rl": {"train__anchor_rl": "false"},
-    "binary (defaults)": {"train__method": "binary"},
-    "binary, --no-anchor-rl": {"train__method": "binary", "train__anchor_rl": "false"},
+    "combine (defaults: the anchor on corrected answers)": {},
+    "binary, --anchor-rl": {"train__method": "binary", "train__anchor_rl": "true"},
+    "binary (defaults: no anchor)": {"train__method": "binary"},
     "opd (defaults)": {"train__method": "opd"},
 }
 

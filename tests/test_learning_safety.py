@@ -253,7 +253,7 @@ def test_default_binary_learns_the_form_and_keeps_the_arithmetic(tiny_model, tmp
 def test_the_trainer_anchors_what_no_signal_names(random_model_dir, tmp_path, monkeypatch, anchor_rl):
     """combine: a corrected answer (score -1, hint; no RL term under negative weight 0) is anchored on every
     response position but its divergence point; an accepted answer (an RL term) on every response position
-    with `--anchor-rl` (the default: a KL-regularised policy gradient), not at all without it."""
+    with `--anchor-rl` (a KL-regularised policy gradient), not at all without it (the default)."""
     import clawloop.trainer.core as core
     from clawloop.trainer import Trainer
     from test_train_objectives import samples_for
@@ -289,9 +289,9 @@ def test_the_trainer_anchors_what_no_signal_names(random_model_dir, tmp_path, mo
 def test_binary_has_the_anchor_only_with_anchor_rl(random_model_dir, tmp_path):
     from clawloop.trainer import Trainer
 
-    assert Trainer(make_cfg(random_model_dir, tmp_path, train__method="binary"), str(random_model_dir)).anchors
-    assert not Trainer(make_cfg(random_model_dir, tmp_path, train__method="binary", train__anchor_rl="false"),
-                       str(random_model_dir)).anchors
+    assert not Trainer(make_cfg(random_model_dir, tmp_path, train__method="binary"), str(random_model_dir)).anchors
+    assert Trainer(make_cfg(random_model_dir, tmp_path, train__method="binary", train__anchor_rl="true"),
+                   str(random_model_dir)).anchors
 
 
 def test_opd_trusts_the_teacher_only_where_it_is_surer(tiny_model, tmp_path):

@@ -256,11 +256,13 @@ class TrainConfig:
                              "weights on a corrected answer's positions other than the one the teacher named (its "
                              "divergence point), and on samples with no RL term; it holds what the correction did not "
                              "concern, e.g. the digits after a rejected opener. 0: off.", flags=("--anchor-coef",))
-    anchor_rl: bool = opt(True, "The anchor also holds the answers with an RL term (binary and combine): a KL-regularised "
-                                "policy gradient. An accepted answer's choice tokens (the '!') are moved by the "
-                                "gradient, its near-certain ones (the digits) keep the base distribution; without "
-                                "it, training on right answers alone cost held-out digits 0.7 nats in 12 steps at "
-                                "lr 5e-4 on the tiny model (bench/RESULTS.md). --no-anchor-rl: OPD rows only.",
+    anchor_rl: bool = opt(False, "The anchor also holds the answers with an RL term (binary and combine): a KL-regularised "
+                                 "policy gradient. An accepted answer's choice tokens (the '!') are moved by the "
+                                 "gradient, its near-certain ones (the digits) keep the base distribution: replayed "
+                                 "from a persona run, 12 steps at lr 5e-4 of accepted answers alone cost held-out digits "
+                                 "0.70 nats without it, 0.26 with it (bench/RESULTS.md). Off by default: at "
+                                 "--anchor-coef 1 it also held a random model's first token against a synthetic "
+                                 "reward (tests/test_trainer.py's learning canary did not learn).",
                           flags=("--anchor-rl",))
     kl_coef: float = opt(0.0, "KL-to-reference coefficient (0: off).", flags=("--kl-coef", "--kl-loss-coef"))
     kl_type: str = opt("low_var_kl", "KL estimator.", flags=("--kl-loss-type",),
