@@ -347,7 +347,9 @@ def test_up_judges_every_captured_main_turn(random_model_dir, tmp_path):
         while True:
             store.flush()
             turns = store.session_turns("u1")
-            if len(turns) == 2 and all(store.get_judgement(t.id, "offline") for t in turns):
+            # the loop counts a verdict once its write has returned: the store can show it a moment before
+            if len(turns) == 2 and all(store.get_judgement(t.id, "offline") for t in turns) \
+                    and loop.stats()["judge/judged"] >= 2:
                 break
             assert time.monotonic() < deadline, loop.stats()
             time.sleep(0.05)

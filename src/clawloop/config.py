@@ -256,14 +256,10 @@ class TrainConfig:
                              "weights on a corrected answer's positions other than the one the teacher named (its "
                              "divergence point), and on samples with no RL term; it holds what the correction did not "
                              "concern, e.g. the digits after a rejected opener. 0: off.", flags=("--anchor-coef",))
-    anchor_rl: bool = opt(False, "The anchor also holds the answers with an RL term (binary and combine): a KL-regularised "
-                                 "policy gradient. An accepted answer's choice tokens (the '!') are moved by the "
-                                 "gradient, its near-certain ones (the digits) keep the base distribution: replayed "
-                                 "from a persona run, 12 steps at lr 5e-4 of accepted answers alone cost held-out digits "
-                                 "0.70 nats without it, 0.26 with it (bench/RESULTS.md). Off by default: at "
-                                 "--anchor-coef 1 it also held a random model's first token against a synthetic "
-                                 "reward (tests/test_trainer.py's learning canary did not learn).",
-                          flags=("--anchor-rl",))
+    anchor_rl: bool = opt(False, "The anchor also holds every position of answers with an RL term (binary, combine): a "
+                                 "KL-regularised policy gradient that keeps an accepted answer's near-certain tokens (the "
+                                 "digits) where they were. Off by default: at --anchor-coef 1 it also held a random "
+                                 "model against a synthetic reward (bench/RESULTS.md).", flags=("--anchor-rl",))
     kl_coef: float = opt(0.0, "KL-to-reference coefficient (0: off).", flags=("--kl-coef", "--kl-loss-coef"))
     kl_type: str = opt("low_var_kl", "KL estimator.", flags=("--kl-loss-type",),
                        choices=("k1", "k2", "k3", "low_var_kl"))
