@@ -166,9 +166,11 @@ def _chat_model(gw, **kw):
 
 
 def test_langchain_invoke_and_stream(gw):
-    llm = _chat_model(gw, max_tokens=8)
+    # 32 tokens, not 8: deltas that are ready together go out as one chunk, and on a loaded machine the
+    # random model's 8 tokens came in one (a flake seen once in a full `make test`)
+    llm = _chat_model(gw, max_tokens=32)
     msg = llm.invoke("What is 12+7?")
-    assert isinstance(msg.content, str) and msg.content and msg.usage_metadata["output_tokens"] <= 8
+    assert isinstance(msg.content, str) and msg.content and msg.usage_metadata["output_tokens"] <= 32
     chunks = list(llm.stream("What is 12+7?"))
     assert "".join(c.content for c in chunks) == msg.content  # greedy: the same reply
     assert len([c for c in chunks if c.content]) >= 2
