@@ -83,8 +83,8 @@ def test_personas_before_and_after_training_with_built_in_users(tmp_path):
     """`clawloop eval` starts a clawloop up per persona (the tiny model), measures, lets the persona's users
     train it for an update, measures again at a newer policy version; JSON + PNG."""
     out = tmp_path / "eval.json"
-    r = run_cli("eval", "--personas", "student,teacher", "--problems", "8", "--train-updates", "1",
-                "--batch-size", "8", "--out", str(out), "--data-dir", str(tmp_path / "runs"), timeout=400)
+    r = run_cli("eval", "--personas", "student,teacher", "--problems", "8", "--samples-per-problem", "1",
+                "--train-updates", "1", "--batch-size", "8", "--out", str(out), "--data-dir", str(tmp_path / "runs"), timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(out.read_text())
     assert res["mode"] == "personas" and set(res["personas"]) == {"student", "teacher"}
@@ -121,14 +121,16 @@ def test_llm_users_and_rater_at_an_openai_url(make_gateway, tmp_path):
     policy, llm = make_gateway(), make_gateway()
     out = tmp_path / "llm.json"
     rc = eval_main(["--personas", "teacher", "--url", policy.url, "--train-updates", "0", "--problems", "3",
-                    "--user-model-url", llm.url + "/v1", "--rater-url", llm.url, "--rater-votes", "2",
-                    "--max-tokens", "8", "--out", str(out)])
+                    "--samples-per-problem", "2", "--user-model-url", llm.url + "/v1", "--rater-url", llm.url,
+                    "--rater-votes", "2", "--max-tokens", "8", "--out", str(out)])
     assert rc == 0
     res = json.loads(out.read_text())
     p = res["personas"]["teacher"]
     assert res["problem_set"] == "word" and p["user"] == "llm" and p["rater"] == "llm"
-    assert p["rater_calls"] == 3 * 2
-    assert p["rated"] + (p["rater_invalid"] > 0) >= 1 and p["rated"] <= 3
+    assert p["rater_calls"] == 3 * 2 * 2  # problems x samples x votes
+    assert p["rated"] + (p["rater_invalid"] > 0) >= 1 and p["rated"] <= p["asked"] == 3 * 2
+    # each problem asked twice with the same opening (the user's words), two seeds
+    assert [a["opening"] for a in p["answers_before"]][::2] == [a["opening"] for a in p["answers_before"]][1::2]
     words = {r["question"] for r in _jsonl("data/eval_word_problems.jsonl")}
     assert all(a["question"] in words for a in p["answers_before"])
     # openings were written by the user model, not copied from the problem
@@ -164,6 +166,8 @@ def test_bad_flags_name_the_flag():
     assert r.returncode == 2 and "--eval-tasks" in r.stderr and "poetry" in r.stderr
     r = run_cli("eval", "--personas", "pirate")
     assert r.returncode == 2 and "--personas" in r.stderr
+    r = run_cli("eval", "--samples-per-problem", "0")
+    assert r.returncode == 2 and "--samples-per-problem" in r.stderr
 
 
 def test_demo_url_posts_its_curve(gateway, tmp_path, capsys):

@@ -217,7 +217,7 @@ def tiny_model():
 
 
 def test_default_binary_learns_the_form_and_keeps_the_arithmetic(tiny_model, tmp_path):
-    """4 steps at lr 2e-4 (the tiny model's rate) on 15 right-result/wrong-form answers scored -1 and 1 bare
+    """4 steps at the tiny model's default rate (`auto_lr`) on 15 right-result/wrong-form answers scored -1 and 1 bare
     answer scored +1: with the defaults (mean baseline, negative weight 0) the bare right answers of OTHER
     held-out questions keep their probability and the accepted answer gains; with the old raw score the
     same steps cost those answers most of a nat (0.9 on the shipped model; the test fails on the old code). The OPD and combine
@@ -230,8 +230,7 @@ def test_default_binary_learns_the_form_and_keeps_the_arithmetic(tiny_model, tmp
     hint = style_instruction("bare")
 
     def run(flags):
-        cfg = make_cfg(tiny_model, tmp_path, train__method="binary", train__lr="2e-4",
-                       train__rollout_batch_size="16", **flags)
+        cfg = make_cfg(tiny_model, tmp_path, train__method="binary", train__rollout_batch_size="16", **flags)
         tr = Trainer(cfg, str(tiny_model), device="cpu")
         tok = tr.tokenizer
         batch = [_sample(tok, q["question"], render_answer(q["answer"], "sentence"), -1.0, hint) for q in qs[:15]]

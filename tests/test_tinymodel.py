@@ -361,6 +361,29 @@ def test_build_smoke_and_if_missing(tmp_path):
     assert build_tiny_model(out, log=lambda s: None) == out  # cached: returns at once
 
 
+def test_init_from_continues_a_built_model_with_a_final_phase_only(saved_dir, tmp_path):
+    """`--init-from DIR --steps 0`: the final phase trained on top of DIR's weights (its shape, not the
+    recipe's defaults), recorded in build_info; a model whose vocabulary lacks the tokens is refused."""
+    from safetensors.torch import load_file
+
+    from clawloop.tinymodel.build import file_checksums
+
+    out = tmp_path / "more"
+    assert main(["--out", str(out), "--init-from", str(saved_dir), "--steps", "0", "--final-steps", "2",
+                 "--batch-size", "4", "--tool-rows", "0", "--final-bare", "0.5", "--threads", "1",
+                 "--eval-questions", "10"]) == 0
+    info = json.loads((out / "build_info.json").read_text())
+    assert info["steps"] == 2 and info["args"]["init_from"] == str(saved_dir)
+    assert (info["args"]["layers"], info["args"]["hidden"]) == (1, 32)  # the start's shape
+    assert info["start"]["files"] == file_checksums(saved_dir) and info["start"]["name"] == "random"
+    a, b = load_file(saved_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
+    assert any(not (a[k] == b[k]).all() for k in a)  # trained from there
+    with pytest.raises(ValueError, match="--init-from"):
+        main(["--out", str(tmp_path / "paused"), "--init-from", str(saved_dir), "--steps", "0", "--final-steps",
+              "1", "--batch-size", "4", "--pauses", "2", "--threads", "1", "--eval-questions", "10"])
+
+
 def test_plan_phases():
     """Warm-up rows are bare arithmetic; mixed rows carry styled-arithmetic side rows; final rows
     are arithmetic with mixed side rows; no conversation is used twice."""

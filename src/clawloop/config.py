@@ -192,7 +192,7 @@ class TrainConfig:
     num_steps_per_rollout: int = opt(1, "Optimizer updates per batch, as in slime: the batch is cut into N "
                                         "mini-batches, old logprobs are taken before the first update, so the PPO "
                                         "clip acts from the second update on.", flags=("--num-steps-per-rollout",))
-    lr: float = opt(0.0, "AdamW learning rate. 0: by the trained parameters' count (`trainer.device.auto_lr`): 2e-4 "
+    lr: float = opt(0.0, "AdamW learning rate. 0: by the trained parameters' count (`trainer.device.auto_lr`): 5e-4 "
                          "under 10 M (the shipped tiny model), 1e-5 above (full fine-tuning of a real model), 1e-4 for "
                          "a LoRA adapter.", flags=("--lr",))
     weight_decay: float = opt(0.0, "AdamW weight decay.", flags=("--weight-decay",))
@@ -314,7 +314,7 @@ class GateConfig:
     builtin: str = opt("auto", "The built-in checks (held-out arithmetic and style instructions, what the tiny model "
                                "could do at start): auto (on for the embedded tiny model, off for other models), on, "
                                "off.", flags=("--gate-builtin",), choices=("auto", "on", "off"))
-    backoff: float = opt(1.0, "On a refused candidate the trainer's learning rate is multiplied by this (down to 1/8 "
+    backoff: float = opt(0.5, "On a refused candidate the trainer's learning rate is multiplied by this (down to 1/8 "
                               "of --lr), and each passed one divides it back up to --lr: a step that lost what the "
                               "model could do is retried shorter from the last good weights, instead of the same "
                               "length again (at the tolerance's edge every full step is refused). 1: off.",

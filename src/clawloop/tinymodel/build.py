@@ -108,6 +108,9 @@ class TinyModelArgs:
     """bf16 autocast for the forward pass (fp32 master weights; ~1.3x faster on CPUs with bf16 support)."""
     eval_questions: int = 800
     """Held-out questions in the final evaluation."""
+    init_from: str = ""
+    """A built tiny model's folder to start from instead of random weights (same tokenizer): with
+    `steps 0` a short final phase on top of it, e.g. more bare-form arithmetic for a model already built."""
 
 
 def cache_dir() -> Path:
@@ -609,7 +612,15 @@ def build_tiny_model(out: str | Path | None = None, seed: int = 0, steps: int | 
     t_start = time.perf_counter()
     tok = load_tokenizer(args.pauses)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(_config(tok, args.layers, args.hidden, args.intermediate))
+    if args.init_from:
+        model = Qwen2ForCausalLM.from_pretrained(args.init_from, torch_dtype=torch.float32)
+        if model.config.vocab_size < len(tok):
+            raise ValueError(f"--init-from {args.init_from}: its vocabulary ({model.config.vocab_size}) lacks "
+                             f"this tokenizer's {len(tok)} tokens (different --pauses?)")
+        args.layers, args.hidden = model.config.num_hidden_layers, model.config.hidden_size
+        args.intermediate = model.config.intermediate_size
+    else:
+        model = Qwen2ForCausalLM(_config(tok, args.layers, args.hidden, args.intermediate))
     params = sum(p.numel() for p in model.parameters())
     log(f"tiny model: {params / 1e6:.2f}M parameters, vocab {len(tok)}, {args.arith_steps} arithmetic + "
         f"{args.steps} mixed + {args.final_steps} final steps x {args.batch_size} conversations, {torch.get_num_threads()} threads")
@@ -623,6 +634,11 @@ def build_tiny_model(out: str | Path | None = None, seed: int = 0, steps: int | 
             "seconds": round(seconds, 1), "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
             "threads": torch.get_num_threads(), "args": asdict(args),
             "accuracy": {k: v for k, v in report.items() if k != "examples"}, "examples": report["examples"]}
+    if args.init_from:  # what it was trained on top of: that build's files and recipe
+        start = Path(args.init_from)
+        before = json.loads((start / "build_info.json").read_text()) if (start / "build_info.json").exists() else {}
+        info["start"] = {"files": file_checksums(start), "name": before.get("name"), "steps": before.get("steps"),
+                         "args": before.get("args"), "start": before.get("start")}
     _write_atomically(out, lambda d: _save(model, tok, d, info), force=True)
     log(format_report(info))
     log(f"wrote {out}")
@@ -663,6 +679,13 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"A long agent-style prompt beside every N-th step (default {TinyModelArgs.long_every}; 0: none).")
     p.add_argument("--tool-rows", type=int, default=None,
                    help=f"Calculator conversations beside each final-phase batch (default {TinyModelArgs.final_tool_rows}).")
+    p.add_argument("--final-steps", type=int, default=None,
+                   help=f"Final-phase arithmetic steps (default {TinyModelArgs.final_steps}).")
+    p.add_argument("--eval-questions", type=int, default=None,
+                   help=f"Held-out questions in the closing evaluation (default {TinyModelArgs.eval_questions}).")
+    p.add_argument("--init-from", default=None,
+                   help="Start from this built model's weights instead of random ones (with --steps 0: a final "
+                        "phase on top of it).")
     p.add_argument("--final-bare", type=float, default=None,
                    help=f"Share of final-phase arithmetic asked for a bare answer (default {TinyModelArgs.final_bare}).")
     p.add_argument("--pauses", type=int, default=None,
@@ -685,11 +708,14 @@ def main(argv: list[str] | None = None) -> int:
     args = TinyModelArgs()
     if a.steps is not None:
         args.steps = a.steps
+    if a.final_steps is not None:
+        args.final_steps = a.final_steps
     args.steps, args.final_steps = round(args.steps * a.scale), round(args.final_steps * a.scale)
     for key, value in (("long_every", a.long_every), ("final_tool_rows", a.tool_rows), ("layers", a.layers),
                        ("batch_size", a.batch_size), ("final_bare", a.final_bare),
                        ("long_max_chars", a.long_max_chars), ("lr", a.lr), ("structured", a.structured),
-                       ("pauses", a.pauses)):
+                       ("pauses", a.pauses), ("init_from", a.init_from),
+                       ("eval_questions", a.eval_questions)):
         if value is not None:
             setattr(args, key, value)
     build_tiny_model(out, seed=a.seed, force=a.force, threads=a.threads, args=args, device=a.device,
