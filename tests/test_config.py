@@ -159,3 +159,13 @@ def test_every_config_key_is_a_flag_of_some_command():
 
     orphans = [leaf.key for leaf in LEAVES if not cli.takers(leaf)]
     assert orphans == []
+
+
+def test_auto_lr_by_the_trained_parameters():
+    """--lr 0: the tiny model's rate (5e-4: at 2e-4 a persona's form moved too slowly in 16 updates,
+    bench/RESULTS.md "Why the loop made the model worse" 6), a real model's usual one, LoRA's."""
+    from clawloop.trainer.device import auto_lr
+
+    assert auto_lr(1_136_512, lora=False) == 5e-4
+    assert auto_lr(500_000_000, lora=False) == 1e-5
+    assert auto_lr(1_136_512, lora=True) == auto_lr(500_000_000, lora=True) == 1e-4

@@ -223,12 +223,14 @@ def test_a_passing_version_is_published_and_a_damaging_one_is_rolled_back(tiny_d
 
 
 def test_backoff_retries_a_refused_step_shorter(tiny_dir, tmp_path):
-    """--gate-backoff 0.5: a refused candidate halves the trainer's learning rate (the rollback restored the
-    optimizer, so it is set after it), a passed one doubles it back, never above --lr nor under 1/8 of it."""
+    """--gate-backoff 0.5 (the default): a refused candidate halves the trainer's learning rate (the rollback
+    restored the optimizer, so it is set after it), a passed one doubles it back, never above --lr nor under
+    1/8 of it; 1 turns it off."""
     from clawloop.trainer import Trainer
 
     cfg = make_cfg(tiny_dir, tmp_path, train__method="binary", train__lr="2e-3", train__device="cpu",
-                   gate__builtin_checks="16", gate__backoff="0.5")
+                   gate__builtin_checks="16")
+    assert cfg.gate.backoff == 0.5
     trainer = Trainer(cfg, str(tiny_dir))
     gate = PublishGate.from_config(cfg, gate_checks(cfg, tiny_dir))
     gate.begin(trainer)
@@ -244,6 +246,14 @@ def test_backoff_retries_a_refused_step_shorter(tiny_dir, tmp_path):
     assert gate.lr_scale == 1 / 8 and trainer.lr == pytest.approx(2e-3 / 8)
     with pytest.raises(ConfigError, match="gate.backoff"):
         make_cfg(tiny_dir, tmp_path, gate__backoff="0")
+    off = make_cfg(tiny_dir, tmp_path, train__method="binary", train__lr="2e-3", train__device="cpu",
+                   gate__builtin_checks="16", gate__backoff="1")
+    trainer = Trainer(off, str(tiny_dir))
+    gate = PublishGate.from_config(off, gate_checks(off, tiny_dir))
+    gate.begin(trainer)
+    for _ in range(3):
+        trainer.step(_arith_samples(trainer.tokenizer, reinforce_right=False))
+    assert gate.check(trainer) is False and trainer.lr == pytest.approx(2e-3)  # off: retried at full length
 
 
 def test_lora_is_checked_with_its_adapter_on_and_rolled_back(tiny_dir, tmp_path):
