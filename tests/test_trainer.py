@@ -120,6 +120,7 @@ def test_loop_trains_from_store_and_publishes(random_model_dir, tmp_path, method
     assert asyncio.run(main()) is True
     s = tl.stats()
     assert s["train/skipped_no_signal"] == (14 if method == "binary" else 10) and s["train/steps"] == 1
+    store.flush()  # the cursor is written by the store's writer thread (set_cursor returns a future)
     assert engine.policy_version == 1 and store.get_cursor("trainer") == tl.cursor > 0
     after = engine.state_dict()
     diff = sum(float((after[k] - before[k]).abs().sum()) for k in before if k in after)
