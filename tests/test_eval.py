@@ -147,12 +147,13 @@ def test_llm_users_and_rater_at_an_openai_url(make_gateway, tmp_path):
 def test_checkpoint_tasks_and_posting_to_a_dashboard(random_model_dir, gateway, tmp_path):
     out = tmp_path / "ckpt.json"
     r = run_cli("eval", "--model-path", str(random_model_dir), "--eval-tasks", "conversation,coding,tool-use",
-                "--personas", "student", "--problems", "3", "--coding-problems", "3", "--tool-use-tasks", "2",
+                "--personas", "student", "--problems", "3", "--samples-per-problem", "2", "--coding-problems", "3",
+                "--tool-use-tasks", "2",
                 "--code-max-tokens", "16", "--post-url", gateway.url, "--out", str(out), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(out.read_text())
     rec = res["models"][str(random_model_dir)]
-    assert rec["conversation"]["student"]["asked"] == 3
+    assert rec["conversation"]["student"]["asked"] == 3 * 2  # problems x samples
     assert rec["coding"]["problems"] == 3 and 0.0 <= rec["coding"]["pass@1"] <= 1.0
     assert rec["tool-use"]["episodes"] == 2
     assert "task=coding pass@1=" in r.stdout and "task=tool-use success=" in r.stdout
