@@ -90,13 +90,15 @@ def test_best_of_returns_the_highest_mean_logprob(client):
 
 
 def test_stream_matches_non_stream_with_usage_and_done(gw, client):
-    kw = dict(model="m", prompt=P, max_tokens=10, seed=5)
+    # 32 tokens, not 10: tokens ready together leave as one chunk (serving.drain), so a short answer on a
+    # loaded machine can come in one
+    kw = dict(model="m", prompt=P, max_tokens=32, seed=5)
     full = client.completions.create(**kw).choices[0]
     chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == full.text and len([c for c in chunks if c.choices and c.choices[0].text]) >= 2
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.finish_reason
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens <= 10
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens <= 32
     with httpx.stream("POST", gw.url + "/v1/completions", json={**kw, "stream": True, "echo": True}) as r:
         lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and json.loads(lines[0][6:])["choices"][0]["text"] == P

@@ -107,7 +107,9 @@ def test_function_call_items_become_tool_messages(gw, client):
 
 
 def test_stream_events_in_order(gw, client):
-    # greedy: the random model sampled at T=1 can spend most of 6 tokens on special tokens, which add no text
+    # greedy: the random model sampled at T=1 can spend most of 6 tokens on special tokens, which add no text.
+    # At least one delta, not two: tokens ready together leave as one write (serving.drain), and a cold first
+    # request on a loaded machine got all 6 in one (CI, 2026-11-27). Several chunks: tests/test_clients.py.
     events = list(client.responses.create(model="m", input="Count.", max_output_tokens=6, stream=True,
                                           temperature=0))
     kinds = [e.type for e in events]
@@ -115,7 +117,7 @@ def test_stream_events_in_order(gw, client):
                          "response.content_part.added"]
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
                           "response.incomplete"]
-    assert set(kinds[4:-4]) == {"response.output_text.delta"} and len(kinds[4:-4]) >= 2
+    assert set(kinds[4:-4]) == {"response.output_text.delta"} and 1 <= len(kinds[4:-4]) <= 6
     assert [e.sequence_number for e in events] == list(range(len(events)))
     final = events[-1].response
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
