@@ -44,14 +44,23 @@ def main() -> None:
     ap.add_argument("--lr", default="5e-4")
     ap.add_argument("--scratch", default="/tmp/clawloop-anchor-replay", help="The trainer's data dir.")
     ap.add_argument("--out", default="")
+    ap.add_argument("--setting", action="append", default=[],
+                    help="NAME=key:value,key:value (config keys as train__lr), repeatable: these settings instead "
+                         "of the built-in six; a train__lr here overrides --lr.")
     a = ap.parse_args()
+    settings = SETTINGS
+    if a.setting:
+        settings = {}
+        for spec in a.setting:
+            name, _, kv = spec.partition("=")
+            settings[name] = dict(item.split(":", 1) for item in kv.split(",") if item)
     torch.set_num_threads(1)
     base = a.model_path or str(model_path(Config()))
     store = open_store(load_config({"model__path": base, "data_dir": a.run}, env={}))
     rows = store.judged_turns("offline", 0, 1_000_000)
     qs = [q for q in heldout_questions(300, seed=7) if q["skill"] in ("add", "sub")][:48]
     results = {}
-    for name, flags in SETTINGS.items():
+    for name, flags in settings.items():
         cfg = load_config({"model__path": base, "data_dir": a.scratch, "serve__gc_freeze": "false",
                            "train__lr": a.lr, "train__rollout_batch_size": str(a.batch), **flags}, env={})
         tr = Trainer(cfg, base, device="cpu")

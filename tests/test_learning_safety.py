@@ -217,7 +217,7 @@ def tiny_model():
 
 
 def test_default_binary_learns_the_form_and_keeps_the_arithmetic(tiny_model, tmp_path):
-    """4 steps at the tiny model's default rate (`auto_lr`) on 15 right-result/wrong-form answers scored -1 and 1 bare
+    """4 steps at the tiny model's default rate and updates a batch (`auto_schedule`) on 15 right-result/wrong-form answers scored -1 and 1 bare
     answer scored +1: with the defaults (mean baseline, negative weight 0) the bare right answers of OTHER
     held-out questions keep their probability and the accepted answer gains; with the old raw score the
     same steps cost those answers most of a nat (0.9 on the shipped model; the test fails on the old code). The OPD and combine
@@ -258,7 +258,7 @@ def test_the_trainer_anchors_what_no_signal_names(random_model_dir, tmp_path, mo
     from test_train_objectives import samples_for
 
     cfg = make_cfg(random_model_dir, tmp_path, train__method="combine", train__anchor_rl=str(anchor_rl).lower(),
-                   train__opd_trust="all")
+                   train__opd_trust="all", train__num_steps_per_rollout="1")  # both rows in one update
     tr = Trainer(cfg, str(random_model_dir))
     seen = {}
     real = core.anchor_kl_loss
@@ -283,6 +283,54 @@ def test_the_trainer_anchors_what_no_signal_names(random_model_dir, tmp_path, mo
         assert float(m[accepted].sum()) == 0
     want = b.mask[0].bool() & ~first[0]
     assert m[corrected].bool()[:want.shape[0]].tolist() == want.tolist() and int(want.sum()) > 0
+
+
+def test_anchor_weights_scale_each_position_by_hand():
+    """`weights` scale each position's KL; the denominator stays the masked positions' count."""
+    logits = torch.tensor([[[2.0, 0.0], [0.0, 0.0]], [[0.0, 1.0], [1.0, 1.0]]])  # (B=2, T=2, V=2)
+    ref = torch.zeros_like(logits)  # a uniform reference
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+
+    def kl(row):
+        p = torch.softmax(row, -1)
+        return float((p * (p.log() - torch.log(torch.tensor(0.5)))).sum())
+
+    plain, _ = anchor_kl_loss(logits, ref, mask, coef=2.0)
+    weighted, _ = anchor_kl_loss(logits, ref, mask, coef=2.0, weights=torch.tensor([[0.25, 0.25], [1.0, 1.0]]))
+    k00, k01, k10 = kl(logits[0, 0]), kl(logits[0, 1]), kl(logits[1, 0])
+    assert float(plain) == pytest.approx(2.0 * (k00 + k01 + k10) / 3)
+    assert float(weighted) == pytest.approx(2.0 * (0.25 * (k00 + k01) + k10) / 3)
+    with pytest.raises(ValueError, match="weights"):
+        anchor_kl_loss(logits, ref, mask, coef=1.0, weights=torch.ones(2, 3))
+
+
+def test_anchor_rl_coef_weights_only_the_rl_rows(random_model_dir, tmp_path, monkeypatch):
+    """--anchor-rl-coef: the accepted answer (an RL term) is held at its own coefficient, the corrected one
+    (no RL term) at --anchor-coef, in the same step."""
+    import clawloop.trainer.core as core
+    from clawloop.trainer import Trainer
+    from test_train_objectives import samples_for
+
+    cfg = make_cfg(random_model_dir, tmp_path, train__method="combine", train__anchor_rl="true",
+                   train__anchor_rl_coef="0.25", train__anchor_coef="2.0", train__num_steps_per_rollout="1")
+    tr = Trainer(cfg, str(random_model_dir))
+    seen = {}
+    real = core.anchor_kl_loss
+
+    def spy(logits, ref_logits, mask, **kw):
+        seen.update(kw, mask=mask.detach().clone())
+        return real(logits, ref_logits, mask, **kw)
+
+    monkeypatch.setattr(core, "anchor_kl_loss", spy)
+    samples = samples_for(tr.tokenizer, n=2, rewards=[-1.0, 1.0], hint="Answer with just the number.")
+    samples[1] = samples[1].__class__(**{**samples[1].__dict__, "hint": None})
+    tr.step(samples)
+    order = sorted(range(2), key=lambda i: len(samples[i].tokens))  # micro-batch rows are sorted by length
+    corrected, accepted = order.index(0), order.index(1)
+    w, m = seen["weights"], seen["mask"].bool()
+    assert seen["coef"] == 2.0
+    assert w[accepted][m[accepted]].tolist() == pytest.approx([0.125] * int(m[accepted].sum()))  # 0.25 via coef 2
+    assert set(w[corrected][m[corrected]].tolist()) == {1.0} and int(m[corrected].sum()) > 0
 
 
 def test_binary_has_the_anchor_only_with_anchor_rl(random_model_dir, tmp_path):
@@ -334,3 +382,46 @@ def test_opd_trusts_the_teacher_only_where_it_is_surer(tiny_model, tmp_path):
     assert kept > -0.2 and lost > -0.2, f"the right digits of other questions lost {-kept:.2f} / {-lost:.2f} nats"
     # the "!" is reached: no digit the unsure teacher would write otherwise stands in for the divergence point
     assert gained > gained_all + 0.1, f"the exclaimed answers gained {gained:.2f} nats, {gained_all:.2f} with all"
+
+
+def test_two_half_rate_updates_a_batch_keep_the_arithmetic(tiny_model, tmp_path):
+    """The tiny model's default schedule (`auto_schedule`: 2 updates of 2.5e-4 a batch) on the teacher
+    persona's situation (half the answers "The answer is N!" accepted, half "The answer is N." corrected with
+    the hint), 6 steps of combine: the "!" of other held-out sums rises as much as with one update of 5e-4 a
+    batch (the tenth session's default), and their right digits lose a quarter of what they lose with it
+    (shipped model: -0.16 against -0.68 nats; the test fails on the old schedule)."""
+    from clawloop.tinymodel.corpus import heldout_questions, render_answer
+    from clawloop.trainer import Trainer
+
+    qs = [q for q in heldout_questions(200, seed=3) if q["skill"] in ("add", "sub")]
+    train, probe = qs[:64], qs[64:96]
+
+    def run(flags):
+        cfg = make_cfg(tiny_model, tmp_path, train__method="combine", train__rollout_batch_size="16", **flags)
+        tr = Trainer(cfg, str(tiny_model), device="cpu")
+        tok = tr.tokenizer
+        probes = [(s.tokens[:s.prompt_len], s.tokens[s.prompt_len:]) for s in
+                  (_sample(tok, q["question"], render_answer(q["answer"], "exclaim"), 0.0, None, eos=False)
+                   for q in probe)]
+        digit = [[tok.decode([t]).strip().isdigit() for t in r] for _, r in probes]
+
+        def measure():
+            scored = tr.score_responses(tr.model, probes)
+            d = [float(lp) for s, m in zip(scored, digit) for lp, is_d in zip(s["lp"], m) if is_d]
+            return sum(d) / len(d), sum(float(s["lp"][-1]) for s in scored) / len(scored)
+
+        d0, b0 = measure()
+        for k in range(6):
+            tr.step([_sample(tok, q["question"], render_answer(q["answer"], "exclaim"), 1.0, None) if j % 2 == 0
+                     else _sample(tok, q["question"], render_answer(q["answer"], "sentence"), -1.0,
+                                  "End your answer with an exclamation mark.")
+                     for j, q in enumerate(train[16 * (k % 4):16 * (k % 4) + 16])])
+        d, b = measure()
+        return d - d0, b - b0, (tr.lr, tr.num_steps)
+
+    digits, bang, schedule = run({})
+    old_digits, old_bang, old_schedule = run({"train__lr": "5e-4", "train__num_steps_per_rollout": "1"})
+    assert schedule == (2.5e-4, 2) and old_schedule == (5e-4, 1)
+    assert bang > 0.4 and bang > 0.9 * old_bang, (bang, old_bang)
+    assert digits > -0.3, f"the right digits of other sums lost {-digits:.2f} nats"
+    assert old_digits < -0.5 and digits > 0.5 * old_digits, (digits, old_digits)

@@ -40,7 +40,7 @@ from clawloop.losses.aggregation import (
 )
 from clawloop.losses.binary import binary_rl_loss
 from clawloop.losses.combine import combine_loss
-from clawloop.losses.credit import anchor_positions, teacher_trust, trusted_agreement, until_divergence
+from clawloop.losses.credit import anchor_positions, rl_term_rows, teacher_trust, trusted_agreement, until_divergence
 from clawloop.losses.distill import DISTILL_TARGETS, distill_loss
 from clawloop.losses.kl import KL_KINDS, anchor_kl_loss, entropy_bonus, entropy_from_logits, kl_loss, kl_penalty
 from clawloop.losses.offpolicy import (
@@ -73,6 +73,7 @@ __all__ = [
     "aggregate",
     "anchor_kl_loss",
     "anchor_positions",
+    "rl_term_rows",
     "aggregation_denominator",
     "binary_rl_loss",
     "centre_rewards",

@@ -49,6 +49,11 @@ def until_divergence(agrees: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return valid & ((seen == 0) | (disagree & (seen == 1)))  # (B, T)
 
 
+def rl_term_rows(scores: torch.Tensor, has_pre: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: the rows with an RL term, a finite non-zero score (B,) or advantages of their own (`has_pre`)."""
+    return (torch.isfinite(scores) & (scores != 0)) | has_pre.bool()
+
+
 def anchor_positions(mask: torch.Tensor, scores: torch.Tensor, has_pre: torch.Tensor,
                      teacher_agrees: torch.Tensor | None = None, *, rl_rows: bool = False) -> torch.Tensor:
     """(B, T) the positions the anchor (`kl.anchor_kl_loss`) holds: where no learning signal names a token.
@@ -59,7 +64,7 @@ def anchor_positions(mask: torch.Tensor, scores: torch.Tensor, has_pre: torch.Te
     distribution). On the other rows, every valid position except each row's divergence point (the first
     position where `teacher_agrees` (B, T) is False: there the teacher said what to change).
     Same dtype as `mask`."""
-    rl = (torch.isfinite(scores) & (scores != 0)) | has_pre  # (B,) rows with an RL term
+    rl = rl_term_rows(scores, has_pre)  # (B,)
     amask = mask if rl_rows else mask * ~rl[:, None]  # (B, T)
     if teacher_agrees is not None:  # not where the teacher said what to change (its rows have no RL term)
         first = until_divergence(teacher_agrees, mask) & ~teacher_agrees.bool() & ~rl[:, None]  # (B, T)

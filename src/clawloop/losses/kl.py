@@ -114,13 +114,16 @@ def anchor_kl_loss(
     coef: float,
     agg: str = "token-mean",
     denominator: float | int | torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """coef * aggregated full-distribution KL(policy || reference) per position: sum_v p (log p - log p_ref).
 
     `logits` (B, T, V) carries the gradient, `ref_logits` (B, T, V') the reference's (V' >= V: extra rows
     dropped), `mask` (B, T) the positions to anchor. Unlike `kl_loss`, which sees only the sampled token's
     logprob, this holds the whole next-token distribution where the learning signal says nothing, so the
-    answer's other tokens (the digits after a rejected opener) stay where they were.
+    answer's other tokens (the digits after a rejected opener) stay where they were. `weights` (B, T), if
+    given, scales each position's KL (the anchor's own coefficient on some rows, `--anchor-rl-coef`); the
+    aggregation's denominator is the masked positions' as without it.
     Stats: train/anchor_kl, train/anchor_loss."""
     if coef < 0:
         raise ValueError(f"anchor coef must be >= 0, got {coef}")
@@ -131,7 +134,12 @@ def anchor_kl_loss(
     ref = torch.log_softmax(ref_logits[..., :logits.shape[-1]].detach().float(), dim=-1)  # (B, T, V)
     kl = (logp.exp() * (logp - ref)).sum(dim=-1)  # (B, T)
     kl = torch.where(valid, kl, torch.zeros_like(kl))
-    mean_kl = aggregate(kl, valid, agg, fixed_denominator=denominator)
+    if weights is not None:
+        if weights.shape != mask.shape:
+            raise ValueError("weights must have mask's (B, T) shape")
+        mean_kl = aggregate(kl * weights.to(kl.dtype), valid, agg, fixed_denominator=denominator)
+    else:
+        mean_kl = aggregate(kl, valid, agg, fixed_denominator=denominator)
     loss = coef * mean_kl
     return loss, {"train/anchor_kl": masked_mean_float(kl.detach(), valid), "train/anchor_loss": float(loss.detach())}
 
