@@ -171,6 +171,14 @@ def test_bad_flags_name_the_flag():
     assert r.returncode == 2 and "--samples-per-problem" in r.stderr
 
 
+def test_a_data_dir_that_holds_a_run_is_refused(tmp_path):
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "teacher" / "clawloop.db").write_bytes(b"")
+    r = run_cli("eval", "--personas", "student,teacher", "--data-dir", str(tmp_path))
+    assert r.returncode == 2 and "--data-dir" in r.stderr and "teacher" in r.stderr and "already holds" in r.stderr
+    assert (tmp_path / "teacher" / "clawloop.db").read_bytes() == b""  # nothing touched
+
+
 def test_demo_url_posts_its_curve(gateway, tmp_path, capsys):
     from clawloop.demo import main as demo_main
 

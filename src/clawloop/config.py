@@ -322,7 +322,7 @@ class GateConfig:
                               "model could do is retried shorter from the last good weights, instead of the same "
                               "length again (at the tolerance's edge every full step is refused). 1: off.",
                          flags=("--gate-backoff",))
-    builtin_checks: int = opt(128, "Built-in checks per group (arithmetic, instructions).")
+    builtin_checks: int = opt(64, "Built-in checks per group (arithmetic, instructions).")
     max_tokens: int = opt(24, "Longest reply to a check, in tokens (greedy); a regression-set line may set its own.")
     batch_size: int = opt(64, "Checks generated at once on the trainer's model.")
 

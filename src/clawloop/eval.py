@@ -612,6 +612,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--rater-votes must be at least 1")
         if a.samples_per_problem < 1:
             raise ValueError("--samples-per-problem must be at least 1")
+        if a.data_dir and not a.url and not a.eval_tasks:
+            # a persona's folder that holds a run already would be resumed: its checkpoint measured as "before"
+            used = [p for p in (Path(a.data_dir) / n.name for n in personas_from(a.personas))
+                    if p.is_dir() and any(p.iterdir())]
+            if used:
+                raise ValueError(f"--data-dir {a.data_dir}: {', '.join(str(p) for p in used)} already holds a run "
+                                 "(its trainer would resume from its checkpoint and be measured as the start); "
+                                 "give an empty or new folder")
     except ValueError as e:
         ap.error(str(e))
     import openai

@@ -16,8 +16,8 @@ checks per `generate` call, prompts rendered by the gateway's own renderer.
 
 What it checks (`gate_checks`):
 - the built-in set (`gate.builtin`, on by default for the embedded tiny model,
-  whose corpus says what it can do): held-out arithmetic (right result, asked
-  in each answer style in turn; the pairs never occur in its corpus) and instruction following
+  whose corpus says what it can do): held-out arithmetic (right result, any
+  answer style; the pairs never occur in its corpus) and instruction following
   (asked for an answer style by an instruction in the system message, the user
   message or a hint, the reply is in that style). Other models have no such
   corpus, so `auto` leaves it off for them;
@@ -104,24 +104,14 @@ def is_tiny_model(model_path: str | Path) -> bool:
 
 
 def builtin_checks(n: int, max_tokens: int, seed: int = BUILTIN_SEED) -> list[Check]:
-    """`n` arithmetic checks (the reply holds the right result; each asked for one answer style by a system
-    message, every style in turn) and `n` instruction checks (the reply is in the style an instruction asked
-    for; every style and placement in turn).
-
-    Why the arithmetic is asked in a named style: the model is weaker in some styles than in others (the tiny
-    model's bare answers are right less often than its sentences), so unprompted sums would be answered in
-    whatever style training made the default and scored against the base's default: a user who asked for
-    bare answers and got them would be charged the bare style's price as lost skill, and the gate would stop
-    the very learning it is there to keep safe. Asked per style, a candidate is compared with the base in
-    the same styles; arithmetic it lost shows in every style, a move between styles in none."""
+    """`n` arithmetic checks (the reply holds the right result, any style) and `n` instruction checks
+    (the reply is in the style an instruction asked for; every style and placement in turn)."""
     from clawloop.tinymodel import corpus
 
     questions = corpus.heldout_questions(4 * n, seed=seed)  # add, add, sub, fact, ...
     arith = [q for q in questions if q["skill"] != "fact"][:n]
-    styled = random.Random(f"gate-arithmetic-{seed}")
-    out = [Check("arithmetic", corpus.instruct(q["question"], corpus.style_instruction(
-                     corpus.STYLES[i % len(corpus.STYLES)], styled), "system"),
-                 _answer_is(q["answer"]), max_tokens, f"builtin:arithmetic:{i}") for i, q in enumerate(arith)]
+    out = [Check("arithmetic", [{"role": "user", "content": q["question"]}], _answer_is(q["answer"]), max_tokens,
+                 f"builtin:arithmetic:{i}") for i, q in enumerate(arith)]
     rng = random.Random(f"gate-{seed}")
     for i, q in enumerate(questions[:n]):
         style = corpus.STYLES[i % len(corpus.STYLES)]
