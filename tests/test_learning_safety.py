@@ -217,7 +217,7 @@ def tiny_model():
 
 
 def test_default_binary_learns_the_form_and_keeps_the_arithmetic(tiny_model, tmp_path):
-    """4 steps at the tiny model's default rate and updates a batch (`auto_schedule`) on 15 right-result/wrong-form answers scored -1 and 1 bare
+    """4 steps at the tiny model's default rate (`auto_lr`) on 15 right-result/wrong-form answers scored -1 and 1 bare
     answer scored +1: with the defaults (mean baseline, negative weight 0) the bare right answers of OTHER
     held-out questions keep their probability and the accepted answer gains; with the old raw score the
     same steps cost those answers most of a nat (0.9 on the shipped model; the test fails on the old code). The OPD and combine
@@ -385,11 +385,12 @@ def test_opd_trusts_the_teacher_only_where_it_is_surer(tiny_model, tmp_path):
 
 
 def test_two_half_rate_updates_a_batch_keep_the_arithmetic(tiny_model, tmp_path):
-    """The tiny model's default schedule (`auto_schedule`: 2 updates of 2.5e-4 a batch) on the teacher
-    persona's situation (half the answers "The answer is N!" accepted, half "The answer is N." corrected with
-    the hint), 6 steps of combine: the "!" of other held-out sums rises as much as with one update of 5e-4 a
-    batch (the tenth session's default), and their right digits lose a quarter of what they lose with it
-    (shipped model: -0.16 against -0.68 nats; the test fails on the old schedule)."""
+    """What `bench/anchor_replay.py` found (bench/RESULTS.md "Why the loop made the model worse" 7a): on the
+    teacher persona's situation (half the answers "The answer is N!" accepted, half "The answer is N." corrected
+    with the hint), 6 steps of combine, two updates of 2.5e-4 a batch raise the "!" of other held-out sums as
+    much as one update of 5e-4 and cost their right digits a quarter of it (shipped model: -0.16 against
+    -0.68 nats). Not the default: in the persona evaluation end to end the student lost more right results
+    with it (7c)."""
     from clawloop.tinymodel.corpus import heldout_questions, render_answer
     from clawloop.trainer import Trainer
 
@@ -417,11 +418,11 @@ def test_two_half_rate_updates_a_batch_keep_the_arithmetic(tiny_model, tmp_path)
                                   "End your answer with an exclamation mark.")
                      for j, q in enumerate(train[16 * (k % 4):16 * (k % 4) + 16])])
         d, b = measure()
-        return d - d0, b - b0, (tr.lr, tr.num_steps)
+        return d - d0, b - b0, (tr.lr, tr.tc.num_steps_per_rollout)
 
-    digits, bang, schedule = run({})
-    old_digits, old_bang, old_schedule = run({"train__lr": "5e-4", "train__num_steps_per_rollout": "1"})
-    assert schedule == (2.5e-4, 2) and old_schedule == (5e-4, 1)
+    digits, bang, schedule = run({"train__lr": "2.5e-4", "train__num_steps_per_rollout": "2"})
+    old_digits, old_bang, old_schedule = run({})
+    assert schedule == (2.5e-4, 2) and old_schedule == (5e-4, 1)  # the second: the default
     assert bang > 0.4 and bang > 0.9 * old_bang, (bang, old_bang)
     assert digits > -0.3, f"the right digits of other sums lost {-digits:.2f} nats"
     assert old_digits < -0.5 and digits > 0.5 * old_digits, (digits, old_digits)

@@ -23,10 +23,10 @@ ANSWERS = ["19", "The answer is 7.", "42", "blue", "It is 18.", "hello there, fr
 def trainer_for(model_dir, tmp_path, **flags):
     from clawloop.trainer import Trainer
 
-    # the raw-score objective these hand-worked numbers are written for, one update a batch (the default
-    # baseline, negative weight, OPD target and schedule are tested in tests/test_learning_safety.py)
+    # the raw-score objective these hand-worked numbers are written for (the default baseline, negative weight
+    # and OPD target are tested in tests/test_learning_safety.py)
     raw = {"train__baseline": "none", "train__negative_weight": "1", "train__opd_target": "advantage",
-           "train__opd_credit": "all", "train__anchor_coef": "0", "train__num_steps_per_rollout": "1"}
+           "train__opd_credit": "all", "train__anchor_coef": "0"}
     cfg = make_cfg(model_dir, tmp_path, **{"train__method": "binary", "train__lr": "1e-3", **raw, **flags})
     return Trainer(cfg, str(model_dir))
 
@@ -369,7 +369,7 @@ def _cfg(**flags):
     ({"train__teacher": "model"}, r"train\.teacher_model: --teacher model needs --teacher-model"),
     ({"train__teacher": "policy", "train__teacher_model": "/m"}, r"train\.teacher: --teacher-model is given"),
     ({"train__distill_topk": "8", "train__method": "binary"}, r"train\.distill_topk: .* needs --method opd"),
-    ({"train__num_steps_per_rollout": "-1"}, r"train\.num_steps_per_rollout"),
+    ({"train__num_steps_per_rollout": "0"}, r"train\.num_steps_per_rollout"),
     ({"train__fixed_denominator_tokens": "0"}, r"train\.fixed_denominator_tokens"),
     ({"train__hint_selection": "random"}, r"train\.hint_selection must be one of longest, overlap"),
     ({"train__loss_agg": "mean"}, r"train\.loss_agg must be one of"),

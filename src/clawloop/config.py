@@ -189,14 +189,12 @@ class TrainConfig:
                                            "group advantage) or step_wise (outcome + prm_step_coef * step PRM, "
                                            "z-normalised per task group and step index; constant buckets dropped).",
                                    flags=("--advantage-estimator",), choices=("grpo", "step_wise"))
-    num_steps_per_rollout: int = opt(0, "Optimizer updates per batch, as in slime: the batch is cut into N "
+    num_steps_per_rollout: int = opt(1, "Optimizer updates per batch, as in slime: the batch is cut into N "
                                         "mini-batches, old logprobs are taken before the first update, so the PPO "
-                                        "clip acts from the second update on. 0: by the trained parameters' count "
-                                        "(`trainer.device.auto_schedule`): 2 under 10 M (the shipped tiny model), "
-                                        "else 1.", flags=("--num-steps-per-rollout",))
-    lr: float = opt(0.0, "AdamW learning rate. 0: by the trained parameters' count (`trainer.device.auto_schedule`): "
-                         "2.5e-4 under 10 M (the shipped tiny model), 1e-5 above (full fine-tuning of a real model), "
-                         "1e-4 for a LoRA adapter.", flags=("--lr",))
+                                        "clip acts from the second update on.", flags=("--num-steps-per-rollout",))
+    lr: float = opt(0.0, "AdamW learning rate. 0: by the trained parameters' count (`trainer.device.auto_lr`): 5e-4 "
+                         "under 10 M (the shipped tiny model), 1e-5 above (full fine-tuning of a real model), 1e-4 for "
+                         "a LoRA adapter.", flags=("--lr",))
     weight_decay: float = opt(0.0, "AdamW weight decay.", flags=("--weight-decay",))
     adam_beta1: float = opt(0.9, "AdamW beta1.", flags=("--adam-beta1",))
     adam_beta2: float = opt(0.98, "AdamW beta2.", flags=("--adam-beta2",))
@@ -260,7 +258,8 @@ class TrainConfig:
                              "concern, e.g. the digits after a rejected opener. 0: off.", flags=("--anchor-coef",))
     anchor_rl: bool = opt(False, "The anchor also holds every position of answers with an RL term (binary, combine): a "
                                  "KL-regularised policy gradient that keeps an accepted answer's near-certain tokens (the "
-                                 "digits) where they were, at --anchor-rl-coef.", flags=("--anchor-rl",))
+                                 "digits) where they were, at --anchor-rl-coef. Off by default: it also held a random model "
+                                 "against a synthetic reward (bench/RESULTS.md).", flags=("--anchor-rl",))
     anchor_rl_coef: float = opt(1.0, "--anchor-rl's coefficient (the optimum of reward - coef * KL is the base "
                                      "distribution tilted by exp(reward / coef)).", flags=("--anchor-rl-coef",))
     kl_coef: float = opt(0.0, "KL-to-reference coefficient (0: off).", flags=("--kl-coef", "--kl-loss-coef"))
@@ -796,7 +795,7 @@ def validate(cfg: Config) -> None:
 def validate_train(t: TrainConfig, need: Any) -> None:
     """The train section's cross-field rules; `need(ok, key, why)` raises a ConfigError naming the key."""
     need(t.micro_batch_tokens >= 1, "train.micro_batch_tokens", "must be >= 1")
-    need(t.num_steps_per_rollout >= 0, "train.num_steps_per_rollout", "must be >= 1 (0: auto)")
+    need(t.num_steps_per_rollout >= 1, "train.num_steps_per_rollout", "must be >= 1")
     need(t.fixed_denominator_tokens >= 1, "train.fixed_denominator_tokens", "must be >= 1")
     need(t.max_staleness >= 0, "train.max_staleness", "must be >= 0")
     need(t.opd_clip >= 0, "train.opd_clip", "must be >= 0 (0: off)")

@@ -99,7 +99,7 @@ class DPTrainer(Trainer):
     def _mine(self, n: int) -> list[int]:
         """Indices (into the step's samples) this rank trains on: its shard of every mini-batch."""
         out: list[int] = []
-        for idx in split_even(n, self.num_steps):
+        for idx in split_even(n, self.tc.num_steps_per_rollout):
             out.extend(idx[j] for j in self._shard(len(idx)))
         return out
 

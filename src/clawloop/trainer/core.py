@@ -62,7 +62,7 @@ A step (`Trainer.step`):
    anchor KL (`anchor_coef` > 0), the KL to the base weights (`kl_coef` > 0;
    measured whenever the base weights are at hand) and the entropy bonus (the
    entropy is measured on every step); backward. Then clip gradients, one
-   AdamW update (`lr` 0: `auto_schedule`).
+   AdamW update (`lr` 0: `auto_lr`).
 
 Metrics over micro-batches and updates are merged by `metrics.merge_stats`
 (shares of a loss add up, maxima are maxima).
@@ -115,7 +115,7 @@ from clawloop.losses.plugins import custom_loss_inputs
 from clawloop.records import Sample
 from clawloop.trainer.batch import MicroBatch, TeacherSignal, budget_groups, pad_rows, split_even, tensorize
 from clawloop.quant import load_4bit
-from clawloop.trainer.device import auto_schedule, resolve_train_device
+from clawloop.trainer.device import auto_lr, resolve_train_device
 from clawloop.trainer.hints import hint_candidates, longest_hint, pick_by_overlap, topk_overlap
 from clawloop.trainer.metrics import merge_stats
 from clawloop.trainer.vision import SampleImages, vision_model_class
@@ -327,10 +327,7 @@ class Trainer:
         self.masters: list[torch.Tensor] | None = None
         if self.offload:
             self.masters = [p.detach().to("cpu", dtype=torch.float32, copy=True) for p in self.params]
-        auto_rate, auto_steps = auto_schedule(sum(p.numel() for p in self.model.parameters()), self.use_lora)
-        self.lr = t.lr or auto_rate
-        self.num_steps = t.num_steps_per_rollout or auto_steps
-        """Optimizer updates per batch (`train.num_steps_per_rollout`, 0: `auto_schedule`'s)."""
+        self.lr = t.lr or auto_lr(sum(p.numel() for p in self.model.parameters()), self.use_lora)
         kw = dict(lr=self.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
         opt_params = self.masters if self.masters is not None else self.params
         try:  # one fused kernel instead of a per-parameter loop (CPU and CUDA, torch >= 2.4)
@@ -338,7 +335,7 @@ class Trainer:
         except (RuntimeError, TypeError):
             self.opt = torch.optim.AdamW(opt_params, **kw)
         log.info("trainer on %s%s, lr %g, %d optimizer update(s) a batch, float32 master weights%s%s", self.device,
-                 " with bf16 autocast" if self.autocast_dtype is not None else "", self.lr, self.num_steps,
+                 " with bf16 autocast" if self.autocast_dtype is not None else "", self.lr, t.num_steps_per_rollout,
                  ", AdamW state in CPU memory" if self.offload else "", ", LoRA" if self.use_lora else "")
         self.custom_loss = load_custom_loss(t.custom_loss_function_path) if t.custom_loss_function_path else None
         self.step_count = 0
@@ -783,7 +780,7 @@ class Trainer:
         use_pg = self.use_rl or self.token_opd or any(s.advantages is not None for s in samples)
 
         minis = []  # per optimizer update: its micro-batches
-        for idx in split_even(len(samples), self.num_steps):
+        for idx in split_even(len(samples), t.num_steps_per_rollout):
             part = [samples[i] for i in idx]
             by_id = {id(s): (teacher[i], scores[i]) for i, s in zip(idx, part)}
             minis.append([self._tensorize(mb, [by_id[id(s)][0] for s in mb], [by_id[id(s)][1] for s in mb],

@@ -59,16 +59,11 @@ def resolve_train_device(device: str = "auto", train_gpus: Sequence[Any] = ()) -
     return torch.device("cuda", index)
 
 
-def auto_schedule(n_params: int, lora: bool) -> tuple[float, int]:
-    """`train.lr` 0 and `train.num_steps_per_rollout` 0: (learning rate, optimizer updates per batch).
-
-    A LoRA adapter: 1e-4, one update. Full fine-tuning under 10 M parameters (the shipped 1.1 M tiny model):
-    2.5e-4 in two updates a batch. 1e-5 leaves that model unchanged over the persona evaluation's 16 updates;
-    one update of 5e-4 a batch teaches a persona's form but costs the arithmetic 3x what two updates of half
-    the rate on the same samples cost for the same form (bench/RESULTS.md "Why the loop made the model worse"
-    7: AdamW's early, near sign-sized steps move every parameter a gradient touches by ~lr, and the damage
-    grows faster than the rate). Else 1e-5 in one update, the usual rate for online RL on a real model. What
-    the user sets is used as it is."""
+def auto_lr(n_params: int, lora: bool) -> float:
+    """`train.lr` 0: a LoRA adapter 1e-4; full fine-tuning 5e-4 under 10 M parameters (the shipped 1.1 M tiny
+    model, which 1e-5 leaves unchanged over the persona evaluation's 16 updates and 2e-4 teaches a persona's
+    form too slowly; with the publish gate's backoff a step that costs skill is retried shorter), else 1e-5,
+    the usual rate for online RL on a real model. A rate the user sets is used as it is."""
     if lora:
-        return 1e-4, 1
-    return (2.5e-4, 2) if n_params < 10_000_000 else (1e-5, 1)
+        return 1e-4
+    return 5e-4 if n_params < 10_000_000 else 1e-5
