@@ -6,8 +6,10 @@ real train step on tiny-model replies to held-out sums, then per candidate we
 time, `--repeats` times each:
 
 - check:    the gate scoring the candidate on the default set (64 held-out
-            arithmetic + 64 style-instruction checks, greedy, <= 24 tokens),
-            on the trainer's model, in the trainer thread;
+            arithmetic, the corpus's 50 facts, 64 style-instruction checks,
+            <= 24 tokens; each sampled 4 times at T=1 by default, and greedy
+            once as `--samples 0` asks: both rows are printed), on the
+            trainer's model, in the trainer thread;
 - keep:     the CPU copy of weights + AdamW state taken after a publish (the
             rollback point);
 - rollback: restoring that copy (only on a refusal);
@@ -65,7 +67,7 @@ def timed(fn, repeats: int) -> tuple[float, list[float]]:
     return statistics.median(ts), ts
 
 
-def run(lora: bool, repeats: int, checks_per_group: int, data: str) -> dict:
+def run(lora: bool, repeats: int, checks_per_group: int, data: str, gate_samples: int = 4) -> dict:
     import torch
 
     from clawloop.config import load_config
@@ -77,7 +79,7 @@ def run(lora: bool, repeats: int, checks_per_group: int, data: str) -> dict:
     torch.set_num_threads(1)  # train.threads' default: what the trainer thread runs with in `clawloop up`
     md = default_model_dir()
     flags = {"model__path": str(md), "data_dir": data, "train__device": "cpu", "train__method": "binary",
-             "gate__builtin_checks": str(checks_per_group)}
+             "gate__builtin_checks": str(checks_per_group), "gate__samples": str(gate_samples)}
     if lora:
         flags.update(train__use_lora="true", train__lora_rank="8")
     cfg = load_config(flags, env={})
@@ -113,7 +115,8 @@ def run(lora: bool, repeats: int, checks_per_group: int, data: str) -> dict:
             await engine.stop()
 
     r = asyncio.run(main())
-    r.update(mode="lora" if lora else "full", checks=len(checks), baseline_s=baseline_s,
+    r.update(mode=("lora" if lora else "full") + f" s{gate_samples}", checks=len(checks) * max(1, gate_samples),
+             baseline_s=baseline_s,
              baseline={k: round(v, 3) for k, v in gate.baseline.items()},
              trainable_params=sum(p.numel() for p in trainer.params))
     return r
@@ -127,16 +130,18 @@ def main(argv: list[str]) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="clawloop-gate-bench-") as d:
         for lora in (False, True):
-            rows.append(run(lora, a.repeats, a.checks, d))
+            for samples in (0, 4):  # greedy, and the default's 4 samples a check
+                rows.append(run(lora, a.repeats, a.checks, d, samples))
     print(f"medians of {a.repeats}; check min in brackets; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores")
-    print(f"{'mode':6} {'checks':>6} {'baseline':>9} {'check':>17} {'keep':>8} {'rollback':>9} {'publish':>8} "
+    print(f"{'mode':8} {'replies':>7} {'baseline':>9} {'check':>17} {'keep':>8} {'rollback':>9} {'publish':>8} "
           f"{'step':>8}  check/publish")
     for r in rows:
-        print(f"{r['mode']:6} {r['checks']:6d} {r['baseline_s']:8.3f}s {r['check_s']:7.3f}s ({r['check_min_s']:.3f}s) "
+        print(f"{r['mode']:8} {r['checks']:7d} {r['baseline_s']:8.3f}s {r['check_s']:7.3f}s ({r['check_min_s']:.3f}s) "
               f"{r['keep_s']:7.4f}s {r['rollback_s']:8.4f}s {r['publish_s']:7.3f}s {r['step_s']:7.3f}s  "
               f"{r['check_s'] / r['publish_s']:.0f}x")
-    print(f"baseline scores: {rows[0]['baseline']}")
+    for r in rows[:2]:
+        print(f"baseline scores ({r['mode']}): {r['baseline']}")
     print(json.dumps({"bench": "publish_gate", "repeats": a.repeats, "threads": 1,
                       "load_average": round(os.getloadavg()[0], 2),
                       "rows": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}

@@ -260,8 +260,7 @@ class TrainConfig:
                                  "KL-regularised policy gradient that keeps an accepted answer's near-certain tokens (the "
                                  "digits) where they were, at --anchor-rl-coef. Off by default: it also held a random model "
                                  "against a synthetic reward (bench/RESULTS.md).", flags=("--anchor-rl",))
-    anchor_rl_coef: float = opt(1.0, "--anchor-rl's coefficient (the optimum of reward - coef * KL is the base "
-                                     "distribution tilted by exp(reward / coef)).", flags=("--anchor-rl-coef",))
+    anchor_rl_coef: float = opt(1.0, "--anchor-rl's coefficient.", flags=("--anchor-rl-coef",))
     kl_coef: float = opt(0.0, "KL-to-reference coefficient (0: off).", flags=("--kl-coef", "--kl-loss-coef"))
     kl_type: str = opt("low_var_kl", "KL estimator.", flags=("--kl-loss-type",),
                        choices=("k1", "k2", "k3", "low_var_kl"))
@@ -303,26 +302,27 @@ class TrainConfig:
 class GateConfig:
     """The publish gate (trainer/gate.py): a trained version is scored on a regression set before it is served."""
 
-    enabled: bool = opt(True, "Score every trained version on the regression set before it is published; a version "
-                              "that loses more than --regression-tolerance is not served and the trainer goes back to "
-                              "the last published weights. --no-publish-gate turns it off.", flags=("--publish-gate",))
+    enabled: bool = opt(True, "Score every trained version on the regression set before it is published; one that "
+                              "loses more than --regression-tolerance is not served (--no-publish-gate: off).",
+                        flags=("--publish-gate",))
     regression_set: str = opt("", "Your own checks: a JSONL file, one per line, a prompt (\"prompt\" or \"messages\") "
                                   "and one checker: \"answer\" (the exact reply), \"regex\" or \"check\" "
                                   "(file.py:fn or pkg.module:fn, fn(reply, case) -> bool | float); see "
                                   "examples/regression_set.jsonl.", flags=("--regression-set",))
     tolerance: float = opt(0.05, "Most a group of checks may lose against its score at start (absolute, 0.05 = 5 "
-                                 "points of pass rate) before a version is refused.",
-                           flags=("--regression-tolerance",))
+                                 "points of pass rate) before a version is refused.", flags=("--regression-tolerance",))
     builtin: str = opt("auto", "The built-in checks (held-out arithmetic and style instructions, what the tiny model "
-                               "could do at start): auto (on for the embedded tiny model, off for other models), on, "
-                               "off.", flags=("--gate-builtin",), choices=("auto", "on", "off"))
-    backoff: float = opt(0.5, "On a refused candidate the trainer's learning rate is multiplied by this (down to 1/8 "
-                              "of --lr), and each passed one divides it back up to --lr: a step that lost what the "
-                              "model could do is retried shorter from the last good weights, instead of the same "
-                              "length again (at the tolerance's edge every full step is refused). 1: off.",
-                         flags=("--gate-backoff",))
+                               "could do at start): auto (on for the embedded tiny model), on, off.",
+                       flags=("--gate-builtin",), choices=("auto", "on", "off"))
+    backoff: float = opt(0.5, "On a refused candidate the learning rate is multiplied by this (down to 1/8 of --lr), "
+                              "each passed one divides it back up to --lr. 1: off.", flags=("--gate-backoff",))
+    retries: int = opt(3, "A refused candidate's batch is trained again from the last good weights at the backed-off "
+                          "rate, up to this many times (a line search). 0: off.", flags=("--gate-retries",))
+    samples: int = opt(4, "Replies sampled per check at --gate-temperature, fixed seeds (paired across versions); 0: "
+                          "one greedy reply.", flags=("--gate-samples",))
+    temperature: float = opt(1.0, "Sampling temperature of the checks.", flags=("--gate-temperature",))
     builtin_checks: int = opt(64, "Built-in checks per group (arithmetic, instructions).")
-    max_tokens: int = opt(24, "Longest reply to a check, in tokens (greedy); a regression-set line may set its own.")
+    max_tokens: int = opt(24, "Longest reply to a check, in tokens; a regression-set line may set its own.")
     batch_size: int = opt(64, "Checks generated at once on the trainer's model.")
 
 
@@ -820,9 +820,11 @@ def validate_gate(g: GateConfig, need: Any) -> None:
     """The gate section's rules; `need(ok, key, why)` raises a ConfigError naming the key."""
     need(0.0 <= g.tolerance <= 1.0, "gate.tolerance", f"must be in [0, 1] (a pass-rate difference), got {g.tolerance}")
     need(0.0 < g.backoff <= 1.0, "gate.backoff", f"must be in (0, 1] (1: off), got {g.backoff}")
-    need(g.builtin_checks >= 1, "gate.builtin_checks", "must be >= 1")
-    need(g.max_tokens >= 1, "gate.max_tokens", "must be >= 1")
-    need(g.batch_size >= 1, "gate.batch_size", "must be >= 1")
+    for key in ("builtin_checks", "max_tokens", "batch_size"):
+        need(getattr(g, key) >= 1, f"gate.{key}", "must be >= 1")
+    for key in ("samples", "retries"):
+        need(getattr(g, key) >= 0, f"gate.{key}", "must be >= 0 (0: off)")
+    need(g.temperature > 0, "gate.temperature", f"must be > 0 (greedy: --gate-samples 0), got {g.temperature}")
     need(not g.regression_set or Path(g.regression_set).is_file(), "gate.regression_set",
          f"no such file {g.regression_set!r} (--regression-set)")
 

@@ -81,6 +81,9 @@ class TinyModelArgs:
     """Share of the final phase's arithmetic asked for a bare answer by an instruction (on top of
     the bare answers among the unprompted styles): a small model computes worst when the digits
     come first (bench/bare_form_skill.py: 0.46 bare against 0.92 after "The answer is")."""
+    final_facts: float = 0.0
+    """Share of the final phase's rows that are fact questions (asked and answered as its arithmetic is,
+    `final_bare` of them asked for a bare answer): the bare form is where facts are weakest too."""
     pauses: int = 0
     """`PAUSE` tokens after every assistant header of the chat template: positions the model computes in
     before its answer's first token. Without them the bare form is where it computes worst (the digits
@@ -321,7 +324,7 @@ def _conversations(args: TinyModelArgs, seed: int) -> tuple[list[dict[str, Any]]
             ("mixed", corpus.generate_corpus(args.steps * B + args.final_steps * args.final_mixed, seed=seed + 1,
                                              structured=args.structured)),
             ("final", corpus.generate_arithmetic_corpus(args.final_steps * B, seed=seed + 2, styled=True,
-                                                        instructed_bare=args.final_bare)),
+                                                        instructed_bare=args.final_bare, facts=args.final_facts)),
             ("calc", corpus.generate_calculator_corpus(args.final_steps * args.final_tool_rows, seed=seed + 3)),
             ("long", corpus.generate_long_context_corpus(
                 (args.arith_steps + args.steps + args.final_steps) // args.long_every if args.long_every else 0,
@@ -688,6 +691,8 @@ def main(argv: list[str] | None = None) -> int:
                         "phase on top of it).")
     p.add_argument("--final-bare", type=float, default=None,
                    help=f"Share of final-phase arithmetic asked for a bare answer (default {TinyModelArgs.final_bare}).")
+    p.add_argument("--final-facts", type=float, default=None,
+                   help=f"Share of final-phase rows that are facts (default {TinyModelArgs.final_facts}).")
     p.add_argument("--pauses", type=int, default=None,
                    help=f"Pause tokens after each assistant header of the template (default {TinyModelArgs.pauses}).")
     p.add_argument("--no-structured", dest="structured", action="store_false", default=None,
@@ -712,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
         args.final_steps = a.final_steps
     args.steps, args.final_steps = round(args.steps * a.scale), round(args.final_steps * a.scale)
     for key, value in (("long_every", a.long_every), ("final_tool_rows", a.tool_rows), ("layers", a.layers),
-                       ("batch_size", a.batch_size), ("final_bare", a.final_bare),
+                       ("batch_size", a.batch_size), ("final_bare", a.final_bare), ("final_facts", a.final_facts),
                        ("long_max_chars", a.long_max_chars), ("lr", a.lr), ("structured", a.structured),
                        ("pauses", a.pauses), ("init_from", a.init_from),
                        ("eval_questions", a.eval_questions)):

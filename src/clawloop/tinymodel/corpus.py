@@ -495,25 +495,38 @@ _KINDS = ((_plain, 20), (_drill, 25), (_instructed, 32), (_corrected, 11), (_too
 _STRUCTURED_KINDS = ((_json_reply, 6), (_tool_args, 6))
 
 
-def _instructed_bare(rng: random.Random) -> dict[str, Any]:
-    """One arithmetic question asked for a bare answer (instruction anywhere), answered bare."""
-    q = _question(rng, "sub" if rng.random() < 0.2 else "add")
+def _instructed_bare(rng: random.Random, skill: str | None = None) -> dict[str, Any]:
+    """One arithmetic question (or one of `skill`) asked for a bare answer (instruction anywhere), answered bare."""
+    q = _question(rng, skill or ("sub" if rng.random() < 0.2 else "add"))
     msgs = instruct(q["question"], _any_instruction("bare", rng), rng.choice(PLACEMENTS), _maybe_system(rng, 0.2))
     _say(msgs, "assistant", render_answer(q["answer"], "bare"))
     return {"messages": msgs}
 
 
 def generate_arithmetic_corpus(n: int, seed: int = 0, styled: bool = False,
-                               instructed_bare: float = 0.0) -> list[dict[str, Any]]:
+                               instructed_bare: float = 0.0, facts: float = 0.0) -> list[dict[str, Any]]:
     """`n` one-question arithmetic conversations (bare answers, or random styles
     with `styled`), the same for the same seed. `instructed_bare`: the share of them asked
     for a bare answer by an instruction (the bare form is where a small model computes worst:
     the digits come first, with no "the answer is" positions before them; asked for, so the
-    unprompted mix of styles stays even)."""
+    unprompted mix of styles stays even). `facts`: the share that are fact questions instead,
+    asked and answered the same way (a bare fact is the answer's first token with nothing before
+    it: sampled at T=1 the model named the capital of England "Sun" or "yellow" there)."""
     rng = random.Random(f"arith-{seed}-{int(styled)}")
-    if not instructed_bare:
+    if not instructed_bare and not facts:
         return [_arithmetic(rng, styled) for _ in range(n)]
-    return [_instructed_bare(rng) if rng.random() < instructed_bare else _arithmetic(rng, styled) for _ in range(n)]
+    out = []
+    for _ in range(n):
+        if facts and rng.random() < facts:
+            if rng.random() < instructed_bare:
+                out.append(_instructed_bare(rng, "fact"))
+            else:
+                q = _question(rng, "fact")
+                out.append({"messages": [{"role": "user", "content": q["question"]}, {
+                    "role": "assistant", "content": render_answer(q["answer"], rng.choice(STYLES) if styled else "bare")}]})
+        else:
+            out.append(_instructed_bare(rng) if rng.random() < instructed_bare else _arithmetic(rng, styled))
+    return out
 
 
 def generate_calculator_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:

@@ -11,13 +11,24 @@ Where it runs: in the trainer thread, on the trainer's own model (which holds
 the candidate weights; under LoRA with its adapter on), before `_publish`.
 Serving is never blocked: requests keep being answered by the last published
 version meanwhile, and the engine kind (hf, vLLM, full weights or adapters)
-does not matter. Greedy decoding, `gate.max_tokens` per reply, `gate.batch_size`
-checks per `generate` call, prompts rendered by the gateway's own renderer.
+does not matter. `gate.max_tokens` per reply, `gate.batch_size` checks per
+`generate` call, prompts rendered by the gateway's own renderer.
+
+What users see, not the greedy answer: each check is asked `gate.samples` times,
+sampled at `gate.temperature` (clients' usual 1.0) with fixed seeds, the same
+for the baseline and every candidate (common random numbers: where the weights
+barely changed, the same draws give the same replies, so the comparison is
+paired and its noise small). A greedy gate reads a model's surest answer: on
+the tiny model it passed a version at 0.953 whose sampled answers had lost
+0.11 of their right results (bench/RESULTS.md "Why the loop made the model
+worse" 7c). `gate.samples 0`: greedy, one reply a check.
 
 What it checks (`gate_checks`):
 - the built-in set (`gate.builtin`, on by default for the embedded tiny model,
   whose corpus says what it can do): held-out arithmetic (right result, any
-  answer style; the pairs never occur in its corpus) and instruction following
+  answer style; the pairs never occur in its corpus), the corpus's facts (a
+  student's training moved its answers to the bare form and lost facts there
+  while the sums held: bench/RESULTS.md 8) and instruction following
   (asked for an answer style by an instruction in the system message, the user
   message or a hint, the reply is in that style). Other models have no such
   corpus, so `auto` leaves it off for them;
@@ -34,6 +45,13 @@ float in [0, 1]). A candidate is refused when any group's score is more than
 once, on the weights served at start, and kept in every checkpoint, so a
 restart does not reset it to whatever it resumed.
 
+Line search: the batch behind a refused candidate is trained again from the
+last published weights at the backed-off rate (`gate.backoff`), up to
+`gate.retries` times, as TRPO backtracks its step until the constraint holds:
+at the tolerance's edge a full step is refused and a shorter one on the same
+feedback passes, so that feedback is used rather than dropped (one train step
+and one scoring a try, no user waits; needs `publish_interval` 1).
+
 On refusal the trainer is rolled back to the last published version: its
 trainable weights, the AdamW state and its version counter (CPU copies taken
 at every publish: megabytes under LoRA, the weights plus twice them for the
@@ -45,7 +63,7 @@ weights the next batch of feedback gets a fresh chance, so learning goes on;
 (2) the served version produces the training data, and the PPO ratio and TIS
 weights compare the trainer with it: after a rollback they are the same
 weights again instead of an ever larger off-policy gap. The batch that produced
-the refused version is consumed (its cursor committed) and not trained again.
+the refused version is consumed (its cursor committed) once its retries are spent.
 
 Visible: a warning per refusal, `gate/*` metrics in the trainer loop's stats
 (so /metrics, the dashboard and `clawloop status` through /health).
@@ -104,7 +122,8 @@ def is_tiny_model(model_path: str | Path) -> bool:
 
 
 def builtin_checks(n: int, max_tokens: int, seed: int = BUILTIN_SEED) -> list[Check]:
-    """`n` arithmetic checks (the reply holds the right result, any style) and `n` instruction checks
+    """`n` arithmetic checks (the reply holds the right result, any style), the corpus's facts (at most
+    `n`; there is no held-out fact: the model knows what its corpus told it) and `n` instruction checks
     (the reply is in the style an instruction asked for; every style and placement in turn)."""
     from clawloop.tinymodel import corpus
 
@@ -112,6 +131,8 @@ def builtin_checks(n: int, max_tokens: int, seed: int = BUILTIN_SEED) -> list[Ch
     arith = [q for q in questions if q["skill"] != "fact"][:n]
     out = [Check("arithmetic", [{"role": "user", "content": q["question"]}], _answer_is(q["answer"]), max_tokens,
                  f"builtin:arithmetic:{i}") for i, q in enumerate(arith)]
+    out += [Check("facts", [{"role": "user", "content": q}], _answer_is(a), max_tokens, f"builtin:facts:{i}")
+            for i, (q, a) in enumerate(corpus.FACTS[:n])]
     rng = random.Random(f"gate-{seed}")
     for i, q in enumerate(questions[:n]):
         style = corpus.STYLES[i % len(corpus.STYLES)]
@@ -238,9 +259,12 @@ def gate_checks(cfg: Config, model_path: str | Path) -> list[Check] | None:
 
 # -- scoring ----------------------------------------------------------------------------------------
 def generate_replies(model: torch.nn.Module, tokenizer: Any, checks: list[Check], *, batch_size: int,
-                     autocast_dtype: torch.dtype | None = None) -> list[str]:
-    """Greedy replies of `model` to every check (prompts rendered as the gateway renders them), in
-    batches of checks with the same `max_tokens`, left-padded."""
+                     autocast_dtype: torch.dtype | None = None, temperature: float = 0.0,
+                     seed: int = BUILTIN_SEED) -> list[str]:
+    """Replies of `model` to every check (prompts rendered as the gateway renders them), in batches of
+    checks with the same `max_tokens`, left-padded. `temperature` 0: greedy; else sampled (no top-k or
+    top-p), each batch from a generator seeded by `seed` and its place, so a call with the same checks
+    draws the same random numbers (the global RNG is left as it was)."""
     from transformers import GenerationConfig
 
     from clawloop.gateway.render import render_prompt
@@ -255,14 +279,18 @@ def generate_replies(model: torch.nn.Module, tokenizer: Any, checks: list[Check]
               for mt, group in itertools.groupby(order, key=lambda i: checks[i].max_tokens)
               for rows in [list(group)] for k in range(0, len(rows), batch_size)]
     replies = [""] * len(checks)
-    for mt, chunk in chunks:
+    for n, (mt, chunk) in enumerate(chunks):
         width = max(len(prompts[j]) for j in chunk)
         ids = torch.tensor([[pad] * (width - len(prompts[j])) + prompts[j] for j in chunk], device=device)  # (B, T)
         attn = torch.tensor([[0] * (width - len(prompts[j])) + [1] * len(prompts[j]) for j in chunk], device=device)
-        gc = GenerationConfig(max_new_tokens=mt, do_sample=False, eos_token_id=eos, pad_token_id=pad)
+        sampled = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 \
+            else {"do_sample": False}
+        gc = GenerationConfig(max_new_tokens=mt, eos_token_id=eos, pad_token_id=pad, **sampled)
         ctx = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
                else contextlib.nullcontext())
-        with torch.no_grad(), ctx:
+        devices = [device] if device.type == "cuda" else []
+        with torch.no_grad(), ctx, torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed * 1009 + n)
             out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gc)  # (B, T + new)
         for j, row in zip(chunk, out[:, width:].tolist()):
             end = next((k for k, t in enumerate(row) if t in stops), len(row))  # then only padding follows
@@ -283,9 +311,12 @@ def score_checks(checks: list[Check], replies: list[str]) -> dict[str, float]:
     return {g: sum(v) / len(v) for g, v in per.items()}
 
 
-def set_fingerprint(checks: list[Check]) -> str:
-    """Names one regression set (prompts, limits, sources): a saved baseline is reused only for the same set."""
+def set_fingerprint(checks: list[Check], samples: int = 0, temperature: float = 0.0) -> str:
+    """Names one regression set (prompts, limits, sources) and how it is asked: a saved baseline is reused
+    only for the same."""
     h = hashlib.sha256()
+    if samples:
+        h.update(json.dumps(["sampled", samples, temperature]).encode())
     for c in checks:
         h.update(json.dumps([c.group, c.source, c.messages, c.tools, c.max_tokens], sort_keys=True,
                             default=str).encode())
@@ -346,27 +377,40 @@ MIN_LR_SCALE = 1 / 8
 class PublishGate:
     """Scores candidates on `checks` against the baseline; rolls a refused one back (module docstring)."""
 
-    def __init__(self, checks: list[Check], tolerance: float, *, batch_size: int = 64, backoff: float = 1.0):
+    def __init__(self, checks: list[Check], tolerance: float, *, batch_size: int = 64, backoff: float = 1.0,
+                 samples: int = 0, temperature: float = 1.0, retries: int = 0):
         if not 0.0 < backoff <= 1.0:
             raise ValueError(f"gate backoff must be in (0, 1], got {backoff}")
+        if samples < 0 or retries < 0 or temperature <= 0:
+            raise ValueError(f"gate samples and retries must be >= 0 and temperature > 0, got {samples}, {retries}, "
+                             f"{temperature}")
         self.checks = checks
+        self.samples, self.temperature = int(samples), float(temperature)
+        """Replies sampled per check at `temperature` (fixed seeds); 0: one greedy reply."""
+        self.retries = int(retries)
+        """Times a refused candidate's batch is trained again at the backed-off rate (`can_retry`)."""
         self.tolerance = float(tolerance)
         self.batch_size = batch_size
         self.backoff = float(backoff)
         """On a refusal the trainer's learning rate is multiplied by this (down to MIN_LR_SCALE of its own), a
         passed candidate divides it back (up to the configured rate); 1: off."""
         self.lr_scale = 1.0
+        self.shortened = False
+        """Whether the last refusal shortened the step (a retry at the same rate would be refused again)."""
         self.base_lr: float | None = None
-        self.fingerprint = set_fingerprint(checks)
+        self.fingerprint = set_fingerprint(checks, self.samples, self.temperature)
         self.baseline: dict[str, float] = {}
         self.snapshot: Snapshot | None = None
         self.last: Verdict | None = None
-        self.counts = {"candidates": 0, "passed": 0, "refused": 0, "consecutive_refusals": 0}
+        self.counts = {"candidates": 0, "passed": 0, "refused": 0, "consecutive_refusals": 0, "retries": 0,
+                       "passed_on_retry": 0}
         self.baseline_s = self.last_snapshot_s = self.last_rollback_s = 0.0
 
     @classmethod
     def from_config(cls, cfg: Config, checks: list[Check]) -> "PublishGate":
-        return cls(checks, cfg.gate.tolerance, batch_size=cfg.gate.batch_size, backoff=cfg.gate.backoff)
+        g = cfg.gate
+        return cls(checks, g.tolerance, batch_size=g.batch_size, backoff=g.backoff, samples=g.samples,
+                   temperature=g.temperature, retries=g.retries)
 
     def _set_lr_scale(self, trainer: Any, scale: float) -> None:
         """The trainer's AdamW learning rate at `scale` times the configured one (rollback restores the
@@ -388,12 +432,22 @@ class PublishGate:
         model = trainer.model
         was_training = model.training
         model.eval()
+        asked = [c for c in self.checks for _ in range(max(1, self.samples))]  # each check's samples in a row
         try:
-            replies = generate_replies(model, trainer.tokenizer, self.checks, batch_size=self.batch_size,
-                                       autocast_dtype=getattr(trainer, "autocast_dtype", None))
+            replies = generate_replies(model, trainer.tokenizer, asked, batch_size=self.batch_size,
+                                       autocast_dtype=getattr(trainer, "autocast_dtype", None),
+                                       temperature=self.temperature if self.samples else 0.0)
         finally:
             model.train(was_training)
-        return score_checks(self.checks, replies)
+        return score_checks(asked, replies)
+
+    def can_retry(self, tries: int) -> bool:
+        """Whether the batch of the candidate just refused is trained again (its `tries`-th retry): retries
+        are on, left, and the backoff can still shorten the step."""
+        return tries < self.retries and self.shortened
+
+    def retried(self) -> None:
+        self.counts["retries"] += 1
 
     # -- the loop's calls --------------------------------------------------------
     def restore(self, saved: dict[str, Any] | None) -> None:
@@ -442,8 +496,10 @@ class PublishGate:
         self.counts["consecutive_refusals"] += 1
         candidate, step = trainer.version, trainer.step_count
         self.roll_back(trainer)
+        before = self.lr_scale
         if self.backoff < 1.0:  # a step that lost what the model could do was too long: retry with a shorter one
             self._set_lr_scale(trainer, self.lr_scale * self.backoff)
+        self.shortened = self.lr_scale < before
         log.warning("publish gate: refused candidate v%d (step %d): %s %.3f vs baseline %.3f (tolerance %.3f); "
                     "still serving v%d, the trainer goes on from it (%d refused in a row)", candidate, step, worst,
                     scores[worst], self.baseline.get(worst, 0.0), self.tolerance, trainer.version,

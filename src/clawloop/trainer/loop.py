@@ -33,7 +33,8 @@ the publish; requests that arrive meanwhile wait, none is refused.
 Publish gate (`gate.py`, `gate=`): before each publish the candidate is scored
 on the regression set on this thread, while the engine keeps serving the last
 published version; a refused candidate is not published and the trainer is
-rolled back to the last published weights (its batch stays consumed).
+rolled back to the last published weights, and its batch is trained again at
+the gate's shortened rate up to `gate.retries` times before it is dropped.
 
 Loud failures: a warning (and `train/*` metrics) when nearly every judged turn
 carries no signal, when samples are dropped as stale, and when a publish did
@@ -310,7 +311,7 @@ class TrainerLoop:
             self.counts["steps"] += 1
             self.last_step_at = time.time()
             if self.engine is not None and self.trainer.step_count % max(1, self.tc.publish_interval) == 0:
-                self.publish_weights()
+                self.publish_weights(batch, served)
             if self.tc.save_interval and self.trainer.step_count % self.tc.save_interval == 0:
                 self.checkpoint()
             return True
@@ -352,11 +353,23 @@ class TrainerLoop:
             return self.trainer.lora_adapter()
         return self.trainer.served_state_dict()
 
-    def publish_weights(self) -> bool:
+    def publish_weights(self, batch: list[Sample] | None = None, served: int | None = None) -> bool:
         """Publish the trainer's weights if the gate admits them (a refused candidate is rolled back to
-        the last published weights by the gate); returns whether they were published."""
-        if self.gate is not None and not self.gate.check(self.trainer):
-            return False
+        the last published weights by the gate); returns whether they were published. With the `batch`
+        that made them (and publishing after every step), a refused candidate's batch is trained again
+        from the rolled-back weights at the gate's shortened rate while `gate.can_retry` (its line search)."""
+        if self.gate is not None:
+            tries = 0
+            while not self.gate.check(self.trainer):
+                if batch is None or self.tc.publish_interval != 1 or not self.gate.can_retry(tries):
+                    return False
+                tries += 1
+                self.gate.retried()
+                stats = self.train_step(batch, served)
+                if stats.get("train/skipped_step"):
+                    return False
+            if tries:
+                self.gate.counts["passed_on_retry"] += 1
         self._publish()
         if self.gate is not None:
             self.gate.keep(self.trainer)
