@@ -347,8 +347,8 @@ def test_opd_trusts_the_teacher_only_where_it_is_surer(tiny_model, tmp_path):
     (its logprob of the right ones -1.1 against the student's -0.1, its top-1 digit right about half the time),
     so with `--opd-trust all` the divergence point often lands on a digit and the "!" is not taught there.
     With the default (`surer`) 4 OPD steps teach the exclaimed answer of OTHER held-out questions more
-    (+0.42 nats against +0.34 with `all`, the old objective: the test fails on it; +0.51 / +0.36 on the tenth
-    session's model) and both keep the right digits (the anchor holds them)."""
+    (+0.51 nats against +0.36 with `all`, the old objective: the test fails on it) and both keep the
+    right digits (the anchor holds them)."""
     from clawloop.tinymodel.corpus import heldout_questions, render_answer, style_instruction
     from clawloop.trainer import Trainer
 
@@ -381,15 +381,15 @@ def test_opd_trusts_the_teacher_only_where_it_is_surer(tiny_model, tmp_path):
     print(f"surer: exclaim answer {gained:+.2f}, digits {kept:+.2f}; all: {gained_all:+.2f}, {lost:+.2f}")
     assert kept > -0.2 and lost > -0.2, f"the right digits of other questions lost {-kept:.2f} / {-lost:.2f} nats"
     # the "!" is reached: no digit the unsure teacher would write otherwise stands in for the divergence point
-    assert gained > gained_all + 0.05, f"the exclaimed answers gained {gained:.2f} nats, {gained_all:.2f} with all"
+    assert gained > gained_all + 0.1, f"the exclaimed answers gained {gained:.2f} nats, {gained_all:.2f} with all"
 
 
 def test_two_half_rate_updates_a_batch_keep_the_arithmetic(tiny_model, tmp_path):
     """What `bench/anchor_replay.py` found (bench/RESULTS.md "Why the loop made the model worse" 7a): on the
     teacher persona's situation (half the answers "The answer is N!" accepted, half "The answer is N." corrected
     with the hint), 6 steps of combine, two updates of 2.5e-4 a batch raise the "!" of other held-out sums as
-    much as one update of 5e-4 and cost their right digits half of it or less (shipped model: -0.18 against
-    -0.44 nats; the tenth session's, which knew fewer bare facts: -0.16 against -0.68). Not the default: in the persona evaluation end to end the student lost more right results
+    much as one update of 5e-4 and cost their right digits a quarter of it (shipped model: -0.16 against
+    -0.68 nats). Not the default: in the persona evaluation end to end the student lost more right results
     with it (7c)."""
     from clawloop.tinymodel.corpus import heldout_questions, render_answer
     from clawloop.trainer import Trainer
@@ -425,4 +425,4 @@ def test_two_half_rate_updates_a_batch_keep_the_arithmetic(tiny_model, tmp_path)
     assert schedule == (2.5e-4, 2) and old_schedule == (5e-4, 1)  # the second: the default
     assert bang > 0.4 and bang > 0.9 * old_bang, (bang, old_bang)
     assert digits > -0.3, f"the right digits of other sums lost {-digits:.2f} nats"
-    assert old_digits < -0.3 and digits > 0.5 * old_digits, (digits, old_digits)
+    assert old_digits < -0.5 and digits > 0.5 * old_digits, (digits, old_digits)

@@ -372,6 +372,8 @@ class Verdict:
 
 MIN_LR_SCALE = 1 / 8
 """The gate's backoff never takes the learning rate under this share of the configured one."""
+STALLED_AFTER = 10
+"""Refusals in a row (the last at the shortest step) after which the gate says training has stalled."""
 
 
 class PublishGate:
@@ -504,6 +506,12 @@ class PublishGate:
                     "still serving v%d, the trainer goes on from it (%d refused in a row)", candidate, step, worst,
                     scores[worst], self.baseline.get(worst, 0.0), self.tolerance, trainer.version,
                     self.counts["consecutive_refusals"])
+        if self.counts["consecutive_refusals"] % STALLED_AFTER == 0 and not self.shortened:
+            log.warning("publish gate: %d candidates refused in a row, the last at the shortest step (1/%d of --lr): "
+                        "the feedback asks for what this model cannot learn without losing %s; serving stays at "
+                        "v%d. Check the judge and the feedback, or trade the two with --regression-tolerance "
+                        "(gate/consecutive_refusals)", self.counts["consecutive_refusals"], round(1 / MIN_LR_SCALE),
+                        worst, trainer.version)
         return False
 
     def keep(self, trainer: Any) -> None:
