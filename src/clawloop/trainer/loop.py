@@ -361,7 +361,8 @@ class TrainerLoop:
         if self.gate is not None:
             tries = 0
             while not self.gate.check(self.trainer):
-                if batch is None or self.tc.publish_interval != 1 or not self.gate.can_retry(tries):
+                if batch is None or self.tc.publish_interval != 1 or not self.gate.can_retry(tries) \
+                        or self.stop_event.is_set():  # stopping: the next start reads on from the cursor
                     return False
                 tries += 1
                 self.gate.retried()
