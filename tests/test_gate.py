@@ -396,23 +396,28 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
     rm = tmp_path / "wrong_rm.py"
     rm.write_text(textwrap.dedent(WRONG_RM))
     cfg = make_cfg(tiny_dir, tmp_path / "data", judge__custom_rm_path=f"{rm}:reward", judge__poll_interval_s=0.1,
-                   train__method="binary", train__lr="2e-3", train__rollout_batch_size="8", train__device="cpu",
-                   gate__builtin_checks="16")
+                   train__method="binary", train__lr="2e-3", train__rollout_batch_size="8", train__device="cpu")
+    # The default 64 checks a group: with 16, a candidate of the line search could pass on a lucky draw of
+    # its questions and lose 0.2 of the probe's (a selection over up to 4 candidates a batch on a small set).
     eng = HFEngine(tiny_dir, device="cpu", dtype="float32", max_batch_size=16, max_model_len=1024)
     app, parts = build_app(cfg, judge=True, train=True, engine=eng)
     server = ServerThread(app).start()
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
-        probe = [q for q in heldout_questions(40, seed=11) if q["skill"] != "fact"][:16]
+        probe = [q for q in heldout_questions(40, seed=11) if q["skill"] != "fact"][:24]
 
         def correctness() -> tuple[float, set[str]]:
+            """Sampled as users get it (T=1), 4 fixed seeds a question: the same random numbers before and after
+            (a greedy probe of 16 flipped 4-5 answers on versions the sampled gate rightly passed)."""
             right, versions = 0, set()
             for q in probe:
-                r = client.chat.completions.with_raw_response.create(
-                    model="m", messages=[{"role": "user", "content": q["question"]}], max_tokens=12, temperature=0)
-                versions.add(r.headers["x-policy-version"])
-                right += extract_answer(r.parse().choices[0].message.content) == q["answer"]
-            return right / len(probe), versions
+                for seed in range(4):
+                    r = client.chat.completions.with_raw_response.create(
+                        model="m", messages=[{"role": "user", "content": q["question"]}], max_tokens=12,
+                        temperature=1.0, seed=seed)
+                    versions.add(r.headers["x-policy-version"])
+                    right += extract_answer(r.parse().choices[0].message.content) == q["answer"]
+            return right / (4 * len(probe)), versions
 
         deadline = time.time() + 60
         while parts.trainer is None or parts.trainer.gate.snapshot is None:  # baseline measured
@@ -467,14 +472,15 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
         assert len(refusals) >= 2 and max(refusals) < stats["gate/baseline/arithmetic"] - cfg.gate.tolerance
         after, versions = correctness()
         assert versions == {str(eng.policy_version)}
-        assert after == before if passed == 0 else after >= before - 2 / len(probe), (before, after)
+        # The gate allows --regression-tolerance (0.05) on its own 16 x 4 replies; these are other questions.
+        assert after == before if passed == 0 else after >= before - 0.1, (before, after)
 
         health = httpx.get(server.url + "/health").json()
         assert health["gate"]["refused"] >= 2
         metrics = httpx.get(server.url + "/metrics").text
         assert "clawloop_gate_refused" in metrics and "clawloop_gate_baseline_arithmetic" in metrics
         shown = httpx.get(server.url + "/api/status").json()["stats"]
-        assert shown["gate/refused"] >= 2 and shown["gate/size"] == 48
+        assert shown["gate/refused"] >= 2 and shown["gate/size"] == 64 + 50 + 64
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             cli.main(["status", "--url", server.url])

@@ -261,6 +261,12 @@ class TrainConfig:
                                  "digits) where they were, at --anchor-rl-coef. Off by default: it also held a random model "
                                  "against a synthetic reward (bench/RESULTS.md).", flags=("--anchor-rl",))
     anchor_rl_coef: float = opt(1.0, "--anchor-rl's coefficient.", flags=("--anchor-rl-coef",))
+    rehearsal_rows: int = opt(8, "Rehearsal (`trainer/rehearsal.py`): replies the model got right at start (checks like "
+                              "the gate's, on the corpus's own sums for the tiny model, and --regression-set) replayed "
+                              "each update, holding the tokens it was sure of; rows per update, 0: off.",
+                              flags=("--rehearsal-rows",))
+    rehearsal_coef: float = opt(1.0, "Rehearsal's coefficient (reverse KL to the start's top-K).", flags=("--rehearsal-coef",))
+    rehearsal_sure: float = opt(0.9, "Rehearsal holds a token the model gave >= this probability.", flags=("--rehearsal-sure",))
     kl_coef: float = opt(0.0, "KL-to-reference coefficient (0: off).", flags=("--kl-coef", "--kl-loss-coef"))
     kl_type: str = opt("low_var_kl", "KL estimator.", flags=("--kl-loss-type",),
                        choices=("k1", "k2", "k3", "low_var_kl"))
@@ -794,23 +800,18 @@ def validate(cfg: Config) -> None:
 
 def validate_train(t: TrainConfig, need: Any) -> None:
     """The train section's cross-field rules; `need(ok, key, why)` raises a ConfigError naming the key."""
-    need(t.micro_batch_tokens >= 1, "train.micro_batch_tokens", "must be >= 1")
-    need(t.num_steps_per_rollout >= 1, "train.num_steps_per_rollout", "must be >= 1")
-    need(t.fixed_denominator_tokens >= 1, "train.fixed_denominator_tokens", "must be >= 1")
-    need(t.max_staleness >= 0, "train.max_staleness", "must be >= 0")
-    need(t.opd_clip >= 0, "train.opd_clip", "must be >= 0 (0: off)")
-    need(t.baseline_window >= 0, "train.baseline_window", "must be >= 0")
+    for key in ("micro_batch_tokens", "num_steps_per_rollout", "fixed_denominator_tokens", "hint_overlap_topk"):
+        need(getattr(t, key) >= 1, f"train.{key}", "must be >= 1")
+    for key in ("max_staleness", "opd_clip", "baseline_window", "distill_topk", "anchor_coef", "anchor_rl_coef",
+                "tis_cap", "rehearsal_rows", "rehearsal_coef"):
+        need(getattr(t, key) >= 0, f"train.{key}", "must be >= 0 (0: off)" if key != "baseline_window" else "must be >= 0")
     need(0 <= t.negative_weight <= 1, "train.negative_weight", "must be in [0, 1]")
-    need(t.distill_topk >= 0, "train.distill_topk", "must be >= 0 (0: off)")
+    need(0 < t.rehearsal_sure <= 1, "train.rehearsal_sure", "must be in (0, 1]")
     need(t.opd_target != "advantage" or t.distill_topk == 0, "train.distill_topk",
          "does nothing with --opd-target advantage (the per-token advantage uses no top-K); use --opd-target topk")
     need(0 < t.opd_nucleus_p <= 1, "train.opd_nucleus_p", "must be in (0, 1]")
-    need(t.anchor_coef >= 0, "train.anchor_coef", "must be >= 0 (0: off)")
-    need(t.anchor_rl_coef >= 0, "train.anchor_rl_coef", "must be >= 0")
     need(t.distill_topk == 0 or t.method in ("opd", "combine"), "train.distill_topk",
          f"top-K distillation is the OPD term: it needs --method opd or combine, not {t.method}")
-    need(t.hint_overlap_topk >= 1, "train.hint_overlap_topk", "must be >= 1")
-    need(t.tis_cap >= 0, "train.tis_cap", "must be >= 0 (0: off)")
     need(t.teacher != "model" or bool(t.teacher_model), "train.teacher_model", "--teacher model needs --teacher-model PATH")
     need(not t.teacher_model or t.teacher == "model", "train.teacher",
          f"--teacher-model is given, but --teacher is {t.teacher!r}; drop one of them")
@@ -822,8 +823,7 @@ def validate_gate(g: GateConfig, need: Any) -> None:
     need(0.0 < g.backoff <= 1.0, "gate.backoff", f"must be in (0, 1] (1: off), got {g.backoff}")
     for key in ("builtin_checks", "max_tokens", "batch_size"):
         need(getattr(g, key) >= 1, f"gate.{key}", "must be >= 1")
-    for key in ("samples", "retries"):
-        need(getattr(g, key) >= 0, f"gate.{key}", "must be >= 0 (0: off)")
+    [need(getattr(g, key) >= 0, f"gate.{key}", "must be >= 0 (0: off)") for key in ("samples", "retries")]
     need(g.temperature > 0, "gate.temperature", f"must be > 0 (greedy: --gate-samples 0), got {g.temperature}")
     need(not g.regression_set or Path(g.regression_set).is_file(), "gate.regression_set",
          f"no such file {g.regression_set!r} (--regression-set)")

@@ -21,6 +21,7 @@ from clawloop.naming import judge_name, model_path, open_store, store_exists, st
 from clawloop.store import Store
 from clawloop.trainer import PublishGate, Trainer, TrainerLoop, resolve_train_device
 from clawloop.trainer.gate import Check, gate_checks
+from clawloop.trainer.rehearsal import Rehearsal
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ def build_loop(cfg: Config, engine: Any, store: Store | None, *, loop: asyncio.A
         trainer.version = _continue_numbering(store, trainer.version)
     if gate is not None:
         gate.begin(trainer, path)  # the baseline and the first rollback point: what is served now
+    trainer.rehearsal = Rehearsal.from_config(cfg, path)
+    if trainer.rehearsal is not None:
+        trainer.rehearsal.build(trainer)  # right answers of the weights served now
     return tl
 
 

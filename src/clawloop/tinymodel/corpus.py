@@ -240,6 +240,14 @@ def heldout_questions(n: int, seed: int = 0) -> list[dict[str, str]]:
     return [_question(rng, skills[i % 4], heldout=True, canonical=True) for i in range(n)]
 
 
+def corpus_questions(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """`n` questions like `heldout_questions` (same mix and phrasing) whose arithmetic pairs are the
+    corpus's own, never held out: what the model was taught, not what it is measured on."""
+    rng = random.Random(f"corpus-{seed}")
+    skills = ["add", "add", "sub", "fact"]
+    return [_question(rng, skills[i % 4], heldout=False, canonical=True) for i in range(n)]
+
+
 def is_heldout(question: str) -> bool:
     """Whether an arithmetic question's pair is one kept out of the corpus."""
     import re

@@ -118,6 +118,7 @@ from clawloop.quant import load_4bit
 from clawloop.trainer.device import auto_lr, resolve_train_device
 from clawloop.trainer.hints import hint_candidates, longest_hint, pick_by_overlap, topk_overlap
 from clawloop.trainer.metrics import merge_stats
+from clawloop.trainer.rehearsal import Rehearsal
 from clawloop.trainer.vision import SampleImages, vision_model_class
 
 log = logging.getLogger(__name__)
@@ -299,6 +300,8 @@ class Trainer:
         # answers with an RL term too: KL-regularised RL, so binary has it as well
         self.anchors = t.anchor_coef > 0 and (self.use_opd or (self.use_rl and t.anchor_rl))
         needs_frozen = (self.use_opd and t.teacher == "frozen") or t.kl_coef > 0 or self.anchors
+        self.rehearsal: Rehearsal | None = None
+        """Right answers from the start replayed each update (`rehearsal.py`); set and built by the loop's owner."""
         self.frozen = None
         if needs_frozen and not self.use_lora:
             self.frozen = copy.deepcopy(base).eval().requires_grad_(False)
@@ -797,6 +800,7 @@ class Trainer:
 
         updates: list[tuple[dict[str, float], float, float]] = []
         grad_norms: list[float] = []
+        rehearsed: list[dict[str, float]] = []
         n_tokens = n_tempered = 0
         for mbs in minis:
             denom = step_denominator([b.mask for b in mbs], t.loss_agg, tokens_per_sample=t.fixed_denominator_tokens)
@@ -815,11 +819,19 @@ class Trainer:
                 n_tokens += int(w)
                 n_tempered += int(b.tempered.sum())
                 parts.append((s, w, float(b.rows)))
+            if self.rehearsal is not None:  # its own token-mean: the method's numbers stay as they are
+                rloss, rs = self.rehearsal.loss(self.model, self.device, self.pad_id, self.autocast_dtype)
+                if rloss is not None:
+                    rloss.backward()
+                    rehearsed.append(rs)
             g = float(self._optimizer_step())
             grad_norms.append(g if math.isfinite(g) else -1.0)
             merged = merge_stats(parts, losses="sum")
             updates.append((merged, sum(p[1] for p in parts), sum(p[2] for p in parts)))
         stats.update(merge_stats(updates, losses="mean"))
+        for key in ("train/rehearsal_kl", "train/rehearsal_rows"):
+            if rehearsed:
+                stats[key] = sum(r[key] for r in rehearsed) / len(rehearsed)
         self.step_count += 1
         self.version += 1
         self.tokens_trained += n_tokens

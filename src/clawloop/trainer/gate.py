@@ -121,13 +121,15 @@ def is_tiny_model(model_path: str | Path) -> bool:
         return False
 
 
-def builtin_checks(n: int, max_tokens: int, seed: int = BUILTIN_SEED) -> list[Check]:
+def builtin_checks(n: int, max_tokens: int, seed: int = BUILTIN_SEED, *, heldout: bool = True) -> list[Check]:
     """`n` arithmetic checks (the reply holds the right result, any style), the corpus's facts (at most
     `n`; there is no held-out fact: the model knows what its corpus told it) and `n` instruction checks
-    (the reply is in the style an instruction asked for; every style and placement in turn)."""
+    (the reply is in the style an instruction asked for; every style and placement in turn). `heldout`
+    False: the arithmetic is the corpus's own pairs (what `trainer/rehearsal.py` replays)."""
     from clawloop.tinymodel import corpus
 
-    questions = corpus.heldout_questions(4 * n, seed=seed)  # add, add, sub, fact, ...
+    ask = corpus.heldout_questions if heldout else corpus.corpus_questions
+    questions = ask(4 * n, seed=seed)  # add, add, sub, fact, ...
     arith = [q for q in questions if q["skill"] != "fact"][:n]
     out = [Check("arithmetic", [{"role": "user", "content": q["question"]}], _answer_is(q["answer"]), max_tokens,
                  f"builtin:arithmetic:{i}") for i, q in enumerate(arith)]
@@ -265,6 +267,15 @@ def generate_replies(model: torch.nn.Module, tokenizer: Any, checks: list[Check]
     checks with the same `max_tokens`, left-padded. `temperature` 0: greedy; else sampled (no top-k or
     top-p), each batch from a generator seeded by `seed` and its place, so a call with the same checks
     draws the same random numbers (the global RNG is left as it was)."""
+    return [text for text, _, _ in generate_rows(model, tokenizer, checks, batch_size=batch_size,
+                                                  autocast_dtype=autocast_dtype, temperature=temperature, seed=seed)]
+
+
+def generate_rows(model: torch.nn.Module, tokenizer: Any, checks: list[Check], *, batch_size: int,
+                  autocast_dtype: torch.dtype | None = None, temperature: float = 0.0,
+                  seed: int = BUILTIN_SEED) -> list[tuple[str, list[int], list[int]]]:
+    """`generate_replies` with the token ids: (reply text, prompt ids, response ids up to and including
+    the stop token, when one came) per check."""
     from transformers import GenerationConfig
 
     from clawloop.gateway.render import render_prompt
@@ -278,7 +289,7 @@ def generate_replies(model: torch.nn.Module, tokenizer: Any, checks: list[Check]
     chunks = [(mt, rows[k:k + batch_size])
               for mt, group in itertools.groupby(order, key=lambda i: checks[i].max_tokens)
               for rows in [list(group)] for k in range(0, len(rows), batch_size)]
-    replies = [""] * len(checks)
+    replies: list[tuple[str, list[int], list[int]]] = [("", [], [])] * len(checks)
     for n, (mt, chunk) in enumerate(chunks):
         width = max(len(prompts[j]) for j in chunk)
         ids = torch.tensor([[pad] * (width - len(prompts[j])) + prompts[j] for j in chunk], device=device)  # (B, T)
@@ -294,7 +305,8 @@ def generate_replies(model: torch.nn.Module, tokenizer: Any, checks: list[Check]
             out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gc)  # (B, T + new)
         for j, row in zip(chunk, out[:, width:].tolist()):
             end = next((k for k, t in enumerate(row) if t in stops), len(row))  # then only padding follows
-            replies[j] = tokenizer.decode(row[:end], skip_special_tokens=True).strip()
+            replies[j] = (tokenizer.decode(row[:end], skip_special_tokens=True).strip(), prompts[j],
+                          row[:min(end + 1, len(row))])
     return replies
 
 

@@ -421,4 +421,6 @@ class TrainerLoop:
             out["train/read_cursor"] = float(self.read_cursor)
         if self.gate is not None:
             out.update(self.gate.stats())
+        if getattr(self.trainer, "rehearsal", None) is not None:  # not on a Ray trainer group
+            out.update(self.trainer.rehearsal.info)
         return out

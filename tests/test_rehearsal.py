@@ -1,0 +1,124 @@
+"""Rehearsal (`trainer/rehearsal.py`, issue #27): the tiny model's right answers at start, replayed on the
+tokens it was sure of, hold what a feedback signal never mentioned."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from clawloop.config import ConfigError
+
+from conftest import make_cfg
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from clawloop.tinymodel.build import default_model_dir
+
+    path = default_model_dir()
+    if not (path / "model.safetensors").exists():
+        pytest.skip(f"the tiny model is not built at {path}")
+    return path
+
+
+def _trainer(tiny_model, tmp_path, **flags):
+    from clawloop.trainer import Trainer
+    from clawloop.trainer.rehearsal import Rehearsal
+
+    cfg = make_cfg(tiny_model, tmp_path, train__method="binary", train__rollout_batch_size="16", **flags)
+    tr = Trainer(cfg, str(tiny_model), device="cpu")
+    tr.rehearsal = Rehearsal.from_config(cfg, str(tiny_model))
+    if tr.rehearsal is not None:
+        tr.rehearsal.build(tr)
+    return tr
+
+
+def test_rehearsal_keeps_right_replies_and_only_the_tokens_the_model_was_sure_of(tiny_model, tmp_path):
+    from clawloop.tinymodel.corpus import extract_answer, is_heldout
+
+    tr = _trainer(tiny_model, tmp_path)
+    r, tok = tr.rehearsal, tr.tokenizer
+    asked_plainly = {c.messages[0]["content"] for c in r.checks if c.group in ("arithmetic", "facts")}
+    assert r is not None and r.info["rehearsal/rows"] >= 100, r.info
+    assert r.info["rehearsal/rows"] <= r.info["rehearsal/right"] < r.info["rehearsal/replies"]
+    first_held = plain = 0
+    for row in r.rows:
+        text = tok.decode(row.tokens)
+        question = text.split("user\n", 1)[1].split("<|im_end|>", 1)[0]
+        assert not is_heldout(question), question  # the corpus's own sums: the gate's held-out ones stay unseen
+        for j, i in enumerate(row.positions):  # every held token had at least `sure` at start
+            ids = row.topk_ids[j].tolist()
+            assert row.tokens[i + 1] in ids and math.exp(float(row.topk_lp[j][ids.index(row.tokens[i + 1])])) >= r.sure
+        if question in asked_plainly and text.count("<|im_start|>") == 2:
+            plain += 1
+            reply_start = len(row.tokens) - len(tok.encode(text.rsplit("assistant\n", 1)[1], add_special_tokens=False))
+            first_held += (reply_start - 1) in row.positions
+            if any(c.isdigit() for c in question):
+                assert extract_answer(text.rsplit("assistant\n", 1)[1]) is not None
+    # the first token of a plainly asked answer decides its form: the model was choosing there, so it is free
+    assert plain >= 30 and first_held / plain < 0.2, (first_held, plain)
+
+
+def test_rehearsal_holds_the_arithmetic_a_wrong_reward_spends(tiny_model, tmp_path):
+    """Four steps of +1 on wrong sums ("The answer is N+1."): the right results of other corpus-free held-out
+    sums lose far less of their logprob with rehearsal (the defaults) than with `--rehearsal-rows 0`. Fails
+    on the code before rehearsal, where the defaults were the second run."""
+    from clawloop.tinymodel.corpus import heldout_questions, render_answer
+
+    from test_learning_safety import _bare_answer_logprob, _sample
+
+    qs = [q for q in heldout_questions(60, seed=11) if q["skill"] in ("add", "sub")][:32]
+
+    def run(**flags):
+        torch.manual_seed(0)
+        tr = _trainer(tiny_model, tmp_path, train__baseline="none", **flags)  # every reward +1: no baseline
+        tok = tr.tokenizer
+        batch = [_sample(tok, q["question"], render_answer(str(int(q["answer"]) + 1), "sentence"), 1.0, None)
+                 for q in qs[:16]]
+        probes = [_sample(tok, q["question"], render_answer(q["answer"], "sentence"), 0.0, None) for q in qs[16:]]
+        before = _bare_answer_logprob(tr, probes)
+        stats = {}
+        for _ in range(4):
+            stats = tr.step(list(batch))
+        return _bare_answer_logprob(tr, probes) - before, stats
+
+    held, stats = run()
+    assert stats["train/rehearsal_rows"] == 8 and stats["train/rehearsal_kl"] > 0, stats
+    lost, stats_off = run(train__rehearsal_rows="0")
+    assert "train/rehearsal_kl" not in stats_off
+    assert lost < -0.5, f"the wrong reward was expected to cost the right sums, got {lost:.2f} nats"
+    assert held > lost / 2, f"with rehearsal the right sums lost {-held:.2f} nats, without {-lost:.2f}"
+
+
+def test_rehearsal_leaves_the_methods_own_loss_alone(tiny_model, tmp_path):
+    """The first update's objective is computed before rehearsal adds its own term: the same number with it
+    on or off (its token-mean is its own, not the batch's)."""
+    from clawloop.tinymodel.corpus import heldout_questions
+
+    from test_learning_safety import _sample
+
+    q = heldout_questions(4, seed=5)[0]
+    losses = []
+    for rows in ("8", "0"):
+        tr = _trainer(tiny_model, tmp_path, train__rehearsal_rows=rows)
+        s = tr.step([_sample(tr.tokenizer, q["question"], q["answer"], 1.0, None)])
+        losses.append(s["train/loss"])
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+
+
+@pytest.mark.parametrize("key,value", [("train__rehearsal_sure", "0"), ("train__rehearsal_sure", "1.5"),
+                                       ("train__rehearsal_rows", "-1"), ("train__rehearsal_coef", "-0.1")])
+def test_rehearsal_config_errors_name_the_key(tmp_path, key, value):
+    with pytest.raises(ConfigError, match=key.replace("__", ".")):
+        make_cfg(tmp_path, tmp_path, **{key: value})
+
+
+def test_no_rehearsal_without_checks(tiny_model, tmp_path):
+    """A model the built-in checks are not for, and no --regression-set: nothing to rehearse, no build."""
+    from clawloop.trainer.rehearsal import Rehearsal
+
+    cfg = make_cfg(tiny_model, tmp_path, gate__builtin="off")
+    assert Rehearsal.from_config(cfg, str(tiny_model)) is None
+    assert Rehearsal.from_config(make_cfg(tiny_model, tmp_path, train__rehearsal_rows="0"), str(tiny_model)) is None
