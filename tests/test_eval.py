@@ -90,6 +90,8 @@ def test_personas_before_and_after_training_with_built_in_users(tmp_path):
     assert res["mode"] == "personas" and set(res["personas"]) == {"student", "teacher"}
     for name, p in res["personas"].items():
         assert 0.0 <= p["before"] <= 1.0 and p["rated"] == p["asked"] == 8
+        # `correct` per kind of question: the 8 problems are 6 sums and 2 facts, weighted so in the whole
+        assert p["correct_before"] == pytest.approx((6 * p["correct_sums_before"] + 2 * p["correct_facts_before"]) / 8)
         assert p["updates"] >= 1 and p["after"] is not None
         assert p["curve"][-1]["policy_version"] > p["policy_version_before"]
         assert p["users"]["answers"] > 0

@@ -114,8 +114,7 @@ class ServeConfig:
                                    flags=("--request-timeout",))
     constrain_tool_calls: bool = opt(True, "Constrain tool calls to the offered tools' names and parameter "
                                            "schemas (grammar-constrained decoding); off: the model's calls are "
-                                           "parsed as written and may be invalid.",
-                                     flags=("--constrain-tool-calls",))
+                                           "parsed as written and may be invalid.", flags=("--constrain-tool-calls",))
     json_whitespace: int = opt(0, "Whitespace characters constrained JSON (response_format, tool arguments) may put "
                                   "in a gap: 0 (default) none, json.dumps' separators only, so a weak model cannot "
                                   "pad a reply with newlines until max_tokens (vLLM's disable_any_whitespace); N "
@@ -823,7 +822,8 @@ def validate_gate(g: GateConfig, need: Any) -> None:
     need(0.0 < g.backoff <= 1.0, "gate.backoff", f"must be in (0, 1] (1: off), got {g.backoff}")
     for key in ("builtin_checks", "max_tokens", "batch_size"):
         need(getattr(g, key) >= 1, f"gate.{key}", "must be >= 1")
-    [need(getattr(g, key) >= 0, f"gate.{key}", "must be >= 0 (0: off)") for key in ("samples", "retries")]
+    for key in ("samples", "retries"):
+        need(getattr(g, key) >= 0, f"gate.{key}", "must be >= 0 (0: off)")
     need(g.temperature > 0, "gate.temperature", f"must be > 0 (greedy: --gate-samples 0), got {g.temperature}")
     need(not g.regression_set or Path(g.regression_set).is_file(), "gate.regression_set",
          f"no such file {g.regression_set!r} (--regression-set)")

@@ -84,8 +84,9 @@ from clawloop.users import (PERSONAS, LLMRater, LLMUser, Persona, Rater, RuleRat
                             base_url, converse, personas_from, policy_version, post_result)
 
 EVAL_TASKS = ("conversation", "coding", "tool-use")
-PARTS = ("correct", "form", "correct_in_form", "correct_off_form")
-"""The built-in rater's halves, and the right results within and outside the persona's form."""
+PARTS = ("correct", "form", "correct_in_form", "correct_off_form", "correct_sums", "correct_facts")
+"""The built-in rater's halves, the right results within and outside the persona's form, and per kind of
+question (the tiny problem set's sums and facts: a model can lose one while it gains the other)."""
 PROBLEM_SETS = ("auto", "tiny", "word")
 CODING_FILE = "data/eval_coding.jsonl"
 WORD_FILE = "data/eval_word_problems.jsonl"
@@ -167,6 +168,10 @@ class Measure:
             for key, want in (("correct_in_form", True), ("correct_off_form", False)):
                 sel = [g["correct"] for g in got if g["form"] == want]
                 parts[key] = sum(sel) / len(sel) if sel else None
+            for key, kinds in (("correct_sums", ("add", "sub")), ("correct_facts", ("fact",))):
+                sel = [g["correct"] for g, p in zip(got, probs) if p.get("skill") in kinds]
+                if sel:
+                    parts[key] = sum(sel) / len(sel)
         return {"score": sum(valid) / len(valid) if valid else None, "rated": len(valid), "asked": len(out),
                 **parts,
                 "policy_version": max(v for _, v, _ in out) if out else -1,
