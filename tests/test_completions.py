@@ -118,6 +118,16 @@ def test_logit_bias_is_honoured(gw, client):
     assert set(r.choices[0].model_extra["token_ids"]) == {tid}
 
 
+def test_min_tokens_holds_the_end_back(gw, client):
+    end = gw.gw.tok.eos_token_id
+    ask = dict(model="m", prompt=P, max_tokens=10, logit_bias={str(end): 100})
+    assert client.completions.create(**ask).usage.completion_tokens == 1
+    assert client.completions.create(**ask, extra_body={"min_tokens": 4}).usage.completion_tokens >= 4
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt=P, max_tokens=3, extra_body={"min_tokens": 4})
+    assert e.value.body["param"] == "min_tokens"
+
+
 def test_capture_only_with_a_session_and_as_side_turns(gw, client):
     def sessions():
         gw.store.flush()

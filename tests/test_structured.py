@@ -254,6 +254,27 @@ def test_logit_bias_and_penalties_shape_sampling(gateway):
     assert e.value.body["param"] == "logit_bias"
 
 
+def test_min_tokens_holds_the_end_back(gateway):
+    """vLLM's `min_tokens` (extra_body): with the end token pushed to near certainty by logit_bias, a reply
+    ends at once; with min_tokens 5 not before 5 tokens (the stop ids are masked for sampling only: the
+    logprobs stay the model's, and the captured turn says how it was sampled)."""
+    c = gateway.client()
+    end = gateway.gw.tok.convert_tokens_to_ids("<|im_end|>")
+    ask = dict(model="m", messages=Q, max_tokens=12, temperature=1.0, seed=3, logit_bias={str(end): 100},
+               logprobs=True, extra_headers={"X-Session-Id": "mt"})
+    assert c.chat.completions.create(**ask).usage.completion_tokens == 1
+    r = c.chat.completions.create(**{**ask, "extra_headers": {"X-Session-Id": "mt2"}}, extra_body={"min_tokens": 5})
+    assert r.usage.completion_tokens >= 5 and r.choices[0].finish_reason in ("stop", "length")
+    assert all(e.logprob < 0 for e in r.choices[0].logprobs.content)
+    gateway.store.flush()
+    (t,) = gateway.store.session_turns("mt2")
+    assert t.sampling["min_tokens"] == 5 and len(t.response_ids) >= 5
+    for bad in (-1, 13, "5"):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="m", messages=Q, max_tokens=12, extra_body={"min_tokens": bad})
+        assert e.value.body["param"] == "min_tokens"
+
+
 @pytest.mark.parametrize("param,value", [
     ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),

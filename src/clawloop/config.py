@@ -179,10 +179,8 @@ class TrainConfig:
                       flags=("--method",), choices=("binary", "opd", "combine"))
     source: str = opt("store", "Where samples come from.", choices=("store", "buffer"))
     buffer_url: str = opt("", "Rollout buffer URL for --source buffer.", flags=("--buffer-url",))
-    rollout_batch_size: int = opt(8, "Samples with a non-zero signal per train step.",
-                                  flags=("--rollout-batch-size",))
-    n_samples_per_prompt: int = opt(1, "Group size for rollout-buffer tasks.",
-                                    flags=("--num-rollouts-per-prompt",))
+    rollout_batch_size: int = opt(8, "Samples with a non-zero signal per train step.", flags=("--rollout-batch-size",))
+    n_samples_per_prompt: int = opt(1, "Group size for rollout-buffer tasks.", flags=("--num-rollouts-per-prompt",))
     micro_batch_tokens: int = opt(4096, "Token budget of one micro-batch (training and teacher forwards).")
     advantage_estimator: str = opt("grpo", "Buffer items with agent steps: grpo (each step gets its trajectory's "
                                            "group advantage) or step_wise (outcome + prm_step_coef * step PRM, "
@@ -208,8 +206,7 @@ class TrainConfig:
                                         flags=("--fixed-denominator-tokens",))
     baseline: str = opt("mean", "RL baseline for ungrouped samples (live turns): mean (the leave-one-out mean of the "
                         "last --baseline-window judged rewards is subtracted) or none (the raw reward: a stream of "
-                        "mostly -1 pushes down every sampled token).",
-                        flags=("--baseline",), choices=("mean", "none"))
+                        "mostly -1 pushes down every sampled token).", flags=("--baseline",), choices=("mean", "none"))
     negative_weight: float = opt(0.0, "Weight of a negative advantage on an ungrouped sample (a live turn): a -1 "
                                  "says 'not this' but not where, and spread over every token it pushes down the "
                                  "uncertain right ones (the digits of a right result in the wrong form); with a "
@@ -326,7 +323,10 @@ class GateConfig:
     samples: int = opt(4, "Replies sampled per check at --gate-temperature, fixed seeds (paired across versions); 0: "
                           "one greedy reply.", flags=("--gate-samples",))
     temperature: float = opt(1.0, "Sampling temperature of the checks.", flags=("--gate-temperature",))
-    builtin_checks: int = opt(64, "Built-in checks per group (arithmetic, instructions).")
+    builtin_checks: int = opt(64, "Checks per group each candidate is read on (built-in arithmetic, instructions).")
+    rotations: int = opt(8, "Fresh questions per candidate: rounds of gate.builtin_checks (a set read every time is "
+                            "learnt; a --regression-set group larger than a round rotates too); 1: the same checks.",
+                         flags=("--gate-rotations",))
     max_tokens: int = opt(24, "Longest reply to a check, in tokens; a regression-set line may set its own.")
     batch_size: int = opt(64, "Checks generated at once on the trainer's model.")
 
@@ -820,7 +820,7 @@ def validate_gate(g: GateConfig, need: Any) -> None:
     """The gate section's rules; `need(ok, key, why)` raises a ConfigError naming the key."""
     need(0.0 <= g.tolerance <= 1.0, "gate.tolerance", f"must be in [0, 1] (a pass-rate difference), got {g.tolerance}")
     need(0.0 < g.backoff <= 1.0, "gate.backoff", f"must be in (0, 1] (1: off), got {g.backoff}")
-    for key in ("builtin_checks", "max_tokens", "batch_size"):
+    for key in ("builtin_checks", "max_tokens", "batch_size", "rotations"):
         need(getattr(g, key) >= 1, f"gate.{key}", "must be >= 1")
     for key in ("samples", "retries"):
         need(getattr(g, key) >= 0, f"gate.{key}", "must be >= 0 (0: off)")

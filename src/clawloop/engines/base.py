@@ -37,6 +37,9 @@ class SamplingParams:
     logit -= presence * [count > 0] + frequency * count. They shape sampling only."""
     logit_bias: dict[int, float] | None = None
     """Added to the logits of these ids before sampling (sampling only, like the penalties)."""
+    min_tokens: int = 0
+    """The stop ids (eos and `stop_token_ids`) cannot be sampled before this many tokens were generated
+    (vLLM's `min_tokens`; sampling only, like the penalties: the reported logprobs are the model's)."""
     constraint: dict[str, Any] | None = None
     """A structural tag (xgrammar's format: `{"type": "structural_tag", "format": {...}}`) every
     sampled token must keep valid; vLLM takes the same object as `structured_outputs.structural_tag`.

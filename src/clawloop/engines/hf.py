@@ -732,8 +732,10 @@ class HFEngine:
             logits = self.grammars().mask(r.matcher, logits)  # (V,)
             logprobs = torch.log_softmax(logits, dim=-1)
         shaped = logits
-        if p.logit_bias or p.presence_penalty or p.frequency_penalty:
+        if p.logit_bias or p.presence_penalty or p.frequency_penalty or r.generated < p.min_tokens:
             shaped = logits.clone()
+            if r.generated < p.min_tokens:  # no end yet (vLLM's min_tokens): the stop ids cannot be sampled
+                shaped[torch.tensor(sorted(r.stop_ids), dtype=torch.long)] = float("-inf")
             if p.logit_bias:
                 ids = torch.tensor([int(t) for t in p.logit_bias], dtype=torch.long)
                 shaped.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), dtype=shaped.dtype))

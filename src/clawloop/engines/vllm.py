@@ -349,6 +349,8 @@ class VLLMEngine:
             sp["frequency_penalty"] = p.frequency_penalty
         if p.logit_bias:
             sp["logit_bias"] = {str(t): b for t, b in p.logit_bias.items()}
+        if p.min_tokens:
+            sp["min_tokens"] = p.min_tokens
         if p.constraint is not None:
             # vLLM compiles the same structural tag with xgrammar, its default backend; its raw logprobs
             # are then taken after the grammar's mask, as the hf engine reports them.

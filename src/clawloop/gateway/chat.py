@@ -91,6 +91,7 @@ async def run_chat(gw: Gateway, request: Request, body: dict[str, Any], tenant: 
                              seed=None if req.seed is None else choice_seed(req.seed, i),
                              top_logprobs=req.top_logprobs, presence_penalty=req.presence_penalty,
                              frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias,
+                             min_tokens=req.min_tokens,
                              constraint=constraint, close_within=gw.cfg.serve.close_json_tokens if constraint else 0)
               for i in range(req.n)]
     ctx = ChatCompletion(gw, req, f"{rid_prefix}-{uuid.uuid4().hex}", prompt_ids, params, slot,
@@ -240,6 +241,8 @@ class ChatCompletion(InFlight):
                 rec[key] = getattr(p, key)
         if p.logit_bias:
             rec["logit_bias"] = {str(k): v for k, v in p.logit_bias.items()}
+        if p.min_tokens:
+            rec["min_tokens"] = p.min_tokens
         client = {k: v for k, v in (("user", req.user), ("metadata", req.metadata),
                                     ("prompt_cache_key", req.prompt_cache_key),
                                     ("safety_identifier", req.safety_identifier)) if v}

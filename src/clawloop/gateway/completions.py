@@ -184,6 +184,9 @@ def parse_completion_request(body: dict[str, Any], tok: Any, vocab: int, max_len
             if key not in _KNOBS:
                 raise bad_value(f"'{key}' is not supported by this server's engine.", key, code="unsupported_parameter")
             req.knobs[key] = v
+    least = number_field(body, "min_tokens", 0, req.max_tokens, 0, integer=True)
+    if least:
+        req.knobs["min_tokens"] = least
     bias = body.get("logit_bias")
     if bias is not None:
         if not isinstance(bias, dict):

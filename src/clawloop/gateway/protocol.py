@@ -95,6 +95,8 @@ class ChatRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    min_tokens: int = 0
+    """vLLM's extension: no stop (eos, stop ids) before this many tokens."""
     store: bool | None = None
     """`false`: the client asks that the exchange not be kept — it is not captured."""
     metadata: dict[str, str] | None = None
@@ -567,6 +569,7 @@ def parse_chat_request(body: dict[str, Any], max_model_len: int, *, images: bool
     req.presence_penalty = number_field(body, "presence_penalty", -2.0, 2.0, 0.0)
     req.frequency_penalty = number_field(body, "frequency_penalty", -2.0, 2.0, 0.0)
     req.logit_bias = _logit_bias(body)
+    req.min_tokens = number_field(body, "min_tokens", 0, req.max_tokens or max_model_len, 0, integer=True)
     store = body.get("store")
     if store is not None and not isinstance(store, bool):
         raise bad_value("Invalid type for 'store': expected a boolean.", "store", code="invalid_type")

@@ -253,7 +253,7 @@ def gate_checks(cfg: Config, model_path: str | Path) -> list[Check] | None:
         return None
     checks: list[Check] = []
     if g.builtin == "on" or (g.builtin == "auto" and is_tiny_model(model_path)):
-        checks += builtin_checks(g.builtin_checks, g.max_tokens)
+        checks += builtin_checks(g.builtin_checks * max(1, g.rotations), g.max_tokens)
     if g.regression_set:
         checks += load_regression_set(g.regression_set, g.max_tokens)
     return checks
@@ -310,6 +310,23 @@ def generate_rows(model: torch.nn.Module, tokenizer: Any, checks: list[Check], *
     return replies
 
 
+def rounds(checks: list[Check], per_group: int) -> list[list[Check]]:
+    """The checks read at each decision, in turn: every group's next `per_group` checks (wrapping), a group
+    of at most `per_group` whole every time; as many rounds as the largest group needs. `per_group` 0: one
+    round of every check. Why: the line search keeps the first candidate of a batch that passes, and over
+    a run that selects weights that happen to answer the gate's own questions; read on the same 64 sums
+    every time, a tiny-model run kept 0.93 of them while fresh held-out sums fell from 0.96 to 0.86
+    (bench/RESULTS.md "Why the loop made the model worse" 9)."""
+    groups: dict[str, list[Check]] = {}
+    for c in checks:
+        groups.setdefault(c.group, []).append(c)
+    if per_group <= 0 or all(len(g) <= per_group for g in groups.values()):
+        return [list(checks)] if checks else []
+    n = max(math.ceil(len(g) / per_group) for g in groups.values())
+    return [[g[(r * per_group + i) % len(g)] for g in groups.values() for i in range(min(per_group, len(g)))]
+            for r in range(n)]
+
+
 def score_checks(checks: list[Check], replies: list[str]) -> dict[str, float]:
     """The mean score per group; a checker that raises scores 0 (and is logged)."""
     per: dict[str, list[float]] = {}
@@ -323,12 +340,14 @@ def score_checks(checks: list[Check], replies: list[str]) -> dict[str, float]:
     return {g: sum(v) / len(v) for g, v in per.items()}
 
 
-def set_fingerprint(checks: list[Check], samples: int = 0, temperature: float = 0.0) -> str:
+def set_fingerprint(checks: list[Check], samples: int = 0, temperature: float = 0.0, per_group: int = 0) -> str:
     """Names one regression set (prompts, limits, sources) and how it is asked: a saved baseline is reused
     only for the same."""
     h = hashlib.sha256()
     if samples:
         h.update(json.dumps(["sampled", samples, temperature]).encode())
+    if per_group:
+        h.update(json.dumps(["rounds", per_group]).encode())
     for c in checks:
         h.update(json.dumps([c.group, c.source, c.messages, c.tools, c.max_tokens], sort_keys=True,
                             default=str).encode())
@@ -380,6 +399,8 @@ class Verdict:
     seconds: float
     worst: str = ""
     """The group that lost most against its baseline."""
+    held_to: dict[str, float] | None = None
+    """The baseline on the round of checks this candidate was read on."""
 
 
 MIN_LR_SCALE = 1 / 8
@@ -392,13 +413,15 @@ class PublishGate:
     """Scores candidates on `checks` against the baseline; rolls a refused one back (module docstring)."""
 
     def __init__(self, checks: list[Check], tolerance: float, *, batch_size: int = 64, backoff: float = 1.0,
-                 samples: int = 0, temperature: float = 1.0, retries: int = 0):
+                 samples: int = 0, temperature: float = 1.0, retries: int = 0, per_group: int = 0):
         if not 0.0 < backoff <= 1.0:
             raise ValueError(f"gate backoff must be in (0, 1], got {backoff}")
         if samples < 0 or retries < 0 or temperature <= 0:
             raise ValueError(f"gate samples and retries must be >= 0 and temperature > 0, got {samples}, {retries}, "
                              f"{temperature}")
         self.checks = checks
+        self.rounds = rounds(checks, per_group)
+        """The checks each decision reads, in turn (`rounds`): fresh questions for each candidate."""
         self.samples, self.temperature = int(samples), float(temperature)
         """Replies sampled per check at `temperature` (fixed seeds); 0: one greedy reply."""
         self.retries = int(retries)
@@ -412,8 +435,11 @@ class PublishGate:
         self.shortened = False
         """Whether the last refusal shortened the step (a retry at the same rate would be refused again)."""
         self.base_lr: float | None = None
-        self.fingerprint = set_fingerprint(checks, self.samples, self.temperature)
+        self.fingerprint = set_fingerprint(checks, self.samples, self.temperature, per_group)
         self.baseline: dict[str, float] = {}
+        """Per group, the start's score over every round (what /health and the metrics show)."""
+        self.baselines: list[dict[str, float]] = []
+        """Per round, the start's score on that round's checks: what a candidate read on them is held to."""
         self.snapshot: Snapshot | None = None
         self.last: Verdict | None = None
         self.counts = {"candidates": 0, "passed": 0, "refused": 0, "consecutive_refusals": 0, "retries": 0,
@@ -424,7 +450,7 @@ class PublishGate:
     def from_config(cls, cfg: Config, checks: list[Check]) -> "PublishGate":
         g = cfg.gate
         return cls(checks, g.tolerance, batch_size=g.batch_size, backoff=g.backoff, samples=g.samples,
-                   temperature=g.temperature, retries=g.retries)
+                   temperature=g.temperature, retries=g.retries, per_group=g.builtin_checks if g.rotations > 1 else 0)
 
     def _set_lr_scale(self, trainer: Any, scale: float) -> None:
         """The trainer's AdamW learning rate at `scale` times the configured one (rollback restores the
@@ -441,12 +467,14 @@ class PublishGate:
         """False when there is nothing to check: every version is published unchecked."""
         return bool(self.checks)
 
-    def score(self, trainer: Any) -> dict[str, float]:
-        """The trainer model's score per group, as it is now (eval mode for the check, restored after)."""
+    def score(self, trainer: Any, checks: list[Check] | None = None) -> dict[str, float]:
+        """The trainer model's score per group on `checks` (default: all), as it is now (eval mode for the
+        check, restored after). The same checks in the same order draw the same random numbers."""
         model = trainer.model
         was_training = model.training
         model.eval()
-        asked = [c for c in self.checks for _ in range(max(1, self.samples))]  # each check's samples in a row
+        checks = self.checks if checks is None else checks
+        asked = [c for c in checks for _ in range(max(1, self.samples))]  # each check's samples in a row
         try:
             replies = generate_replies(model, trainer.tokenizer, asked, batch_size=self.batch_size,
                                        autocast_dtype=getattr(trainer, "autocast_dtype", None),
@@ -466,7 +494,9 @@ class PublishGate:
     # -- the loop's calls --------------------------------------------------------
     def restore(self, saved: dict[str, Any] | None) -> None:
         """Take the baseline a checkpoint kept (only if it was measured on this same set)."""
-        if saved and saved.get("fingerprint") == self.fingerprint and saved.get("baseline"):
+        if saved and saved.get("fingerprint") == self.fingerprint and saved.get("baseline") and \
+                len(saved.get("baselines") or []) == len(self.rounds):
+            self.baselines = [{str(k): float(v) for k, v in b.items()} for b in saved["baselines"]]
             self.baseline = {str(k): float(v) for k, v in saved["baseline"].items()}
             log.info("publish gate: baseline from the checkpoint: %s", _fmt(self.baseline))
 
@@ -479,12 +509,14 @@ class PublishGate:
                         model_name or "this model", FLAG)
             return
         self.base_lr = float(trainer.lr)
-        if not self.baseline:
+        if not self.baselines:
             t0 = time.perf_counter()
-            self.baseline = self.score(trainer)
+            self.baselines = [self.score(trainer, r) for r in self.rounds]
+            self.baseline = {g: sum(b[g] for b in self.baselines) / len(self.baselines) for g in self.baselines[0]}
             self.baseline_s = time.perf_counter() - t0
-            log.info("publish gate: baseline of v%d on %d checks: %s (%.2f s); tolerance %.3f", trainer.version,
-                     len(self.checks), _fmt(self.baseline), self.baseline_s, self.tolerance)
+            log.info("publish gate: baseline of v%d on %d checks in %d round(s) of %d: %s (%.2f s); tolerance %.3f",
+                     trainer.version, len(self.checks), len(self.rounds), len(self.rounds[0]), _fmt(self.baseline),
+                     self.baseline_s, self.tolerance)
         self.keep(trainer)
 
     def check(self, trainer: Any) -> bool:
@@ -493,18 +525,20 @@ class PublishGate:
         if not self.active:
             return True
         t0 = time.perf_counter()
-        scores = self.score(trainer)
-        drops = {g: self.baseline.get(g, 0.0) - s for g, s in scores.items()}
+        turn = self.counts["candidates"] % len(self.rounds)  # fresh questions: a set read again and again is learnt
+        scores = self.score(trainer, self.rounds[turn])
+        held_to = self.baselines[turn]
+        drops = {g: held_to.get(g, 0.0) - s for g, s in scores.items()}
         worst = max(drops, key=lambda g: drops[g])
         passed = all(d <= self.tolerance + 1e-9 for d in drops.values())
-        self.last = Verdict(int(trainer.version), scores, passed, time.perf_counter() - t0, worst)
+        self.last = Verdict(int(trainer.version), scores, passed, time.perf_counter() - t0, worst, held_to)
         self.counts["candidates"] += 1
         if passed:
             self.counts["passed"] += 1
             self.counts["consecutive_refusals"] = 0
             if self.backoff < 1.0 and self.lr_scale < 1.0:
                 self._set_lr_scale(trainer, self.lr_scale / self.backoff)
-            log.info("publish gate: v%d passed: %s (baseline %s)", trainer.version, _fmt(scores), _fmt(self.baseline))
+            log.info("publish gate: v%d passed: %s (baseline %s)", trainer.version, _fmt(scores), _fmt(held_to))
             return True
         self.counts["refused"] += 1
         self.counts["consecutive_refusals"] += 1
@@ -516,7 +550,7 @@ class PublishGate:
         self.shortened = self.lr_scale < before
         log.warning("publish gate: refused candidate v%d (step %d): %s %.3f vs baseline %.3f (tolerance %.3f); "
                     "still serving v%d, the trainer goes on from it (%d refused in a row)", candidate, step, worst,
-                    scores[worst], self.baseline.get(worst, 0.0), self.tolerance, trainer.version,
+                    scores[worst], held_to.get(worst, 0.0), self.tolerance, trainer.version,
                     self.counts["consecutive_refusals"])
         if self.counts["consecutive_refusals"] % STALLED_AFTER == 0 and not self.shortened:
             log.warning("publish gate: %d candidates refused in a row, the last at the shortest step (1/%d of --lr): "
@@ -543,10 +577,12 @@ class PublishGate:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: the baseline and the set it was measured on."""
-        return {"fingerprint": self.fingerprint, "baseline": dict(self.baseline)}
+        return {"fingerprint": self.fingerprint, "baseline": dict(self.baseline),
+                "baselines": [dict(b) for b in self.baselines]}
 
     def stats(self) -> dict[str, float]:
-        out = {"gate/size": float(len(self.checks)), "gate/tolerance": self.tolerance, "gate/lr_scale": self.lr_scale,
+        out = {"gate/size": float(len(self.rounds[0]) if self.rounds else 0), "gate/pool": float(len(self.checks)),
+               "gate/rounds": float(len(self.rounds)), "gate/tolerance": self.tolerance, "gate/lr_scale": self.lr_scale,
                **{f"gate/{k}": float(v) for k, v in self.counts.items()}}
         if not self.active:
             return out
