@@ -160,7 +160,8 @@ def test_each_candidate_is_read_on_fresh_questions_against_their_own_baseline():
 
     class Fake:  # a model whose score is its round's: the gate must compare like with like
         def __init__(self):
-            self.version, self.lr, self.model = 0, 1e-3, None
+            self.version, self.lr, self.model, self.step_count = 0, 1e-3, None, 0
+            self.opt = type("Opt", (), {"param_groups": [{}]})()
 
     gate = PublishGate(checks, 0.05, per_group=4)
     seen = []
@@ -171,9 +172,13 @@ def test_each_candidate_is_read_on_fresh_questions_against_their_own_baseline():
     assert [b["arithmetic"] for b in gate.baselines] == pytest.approx([0.5, 0.6, 0.7])
     assert gate.baseline["arithmetic"] == pytest.approx(0.6)
     # read against the mean (0.6), every first-round candidate (0.5) would be refused; held to its own round's
-    # baseline, each passes
+    # baseline, each passes, and each published version moves to the next round
     assert all(gate.check(Fake()) for _ in range(6))
     assert seen[3:] == rs + rs
+    # a refused candidate's retries are read on its round again, not on a new one until one is lenient
+    gate.score = lambda trainer, cs=None: (seen.append(cs), {"arithmetic": 0.0, "facts": 1.0, "instructions": 1.0})[1]
+    assert not any(gate.check(Fake()) for _ in range(4))
+    assert seen[9:] == [rs[0]] * 4
 
 
 # -- publish and roll back -----------------------------------------------------------------------------
