@@ -436,9 +436,11 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
     rm = tmp_path / "wrong_rm.py"
     rm.write_text(textwrap.dedent(WRONG_RM))
     cfg = make_cfg(tiny_dir, tmp_path / "data", judge__custom_rm_path=f"{rm}:reward", judge__poll_interval_s=0.1,
-                   train__method="binary", train__lr="2e-3", train__rollout_batch_size="8", train__device="cpu")
+                   train__method="binary", train__lr="2e-3", train__rollout_batch_size="8", train__device="cpu",
+                   gate__rotations="2")
     # The default 64 checks a group: with 16, a candidate of the line search could pass on a lucky draw of
     # its questions and lose 0.2 of the probe's (a selection over up to 4 candidates a batch on a small set).
+    # Two rounds, not 8: the rotation is there, the baseline at start costs 2 checks instead of 8.
     eng = HFEngine(tiny_dir, device="cpu", dtype="float32", max_batch_size=16, max_model_len=1024)
     app, parts = build_app(cfg, judge=True, train=True, engine=eng)
     server = ServerThread(app).start()

@@ -324,8 +324,8 @@ class GateConfig:
                           "one greedy reply.", flags=("--gate-samples",))
     temperature: float = opt(1.0, "Sampling temperature of the checks.", flags=("--gate-temperature",))
     builtin_checks: int = opt(64, "Checks per group each candidate is read on (built-in arithmetic, instructions).")
-    rotations: int = opt(8, "Fresh questions per candidate: rounds of gate.builtin_checks (a set read every time is "
-                            "learnt; a --regression-set group larger than a round rotates too); 1: the same checks.",
+    rotations: int = opt(8, "Fresh questions per published version: rounds of gate.builtin_checks (a set read every "
+                            "time is learnt; a --regression-set group larger than a round rotates too); 1: one set.",
                          flags=("--gate-rotations",))
     max_tokens: int = opt(24, "Longest reply to a check, in tokens; a regression-set line may set its own.")
     batch_size: int = opt(64, "Checks generated at once on the trainer's model.")
