@@ -26,8 +26,10 @@ from clawloop.losses import (
 )
 from conftest import make_cfg
 
+FIXED_EPS = {"train__adam_eps_rel": "0"}
+"""AdamW's fixed eps 1e-8: every weight steps ~lr whatever its gradient (the default before `--adam-eps-rel`)."""
 OLD = {"train__baseline": "none", "train__negative_weight": "1", "train__opd_credit": "all",
-       "train__opd_target": "advantage", "train__anchor_coef": "0"}
+       "train__opd_target": "advantage", "train__anchor_coef": "0", "train__adam_eps_rel": "0"}
 
 
 # ---------------------------------------------------------------- pure functions, by hand
@@ -356,8 +358,10 @@ def test_opd_trusts_the_teacher_only_where_it_is_surer(tiny_model, tmp_path):
     hint = style_instruction("exclaim")
 
     def run(trust):
+        # AdamW's fixed eps, as measured then: with the relative eps (the default since) neither setting moves
+        # the digits and both teach the "!" alike (+0.26 / +0.25): the trust's effect is read where it is visible
         cfg = make_cfg(tiny_model, tmp_path, train__method="opd", train__lr="2e-4", train__rollout_batch_size="16",
-                       train__opd_trust=trust)
+                       train__opd_trust=trust, train__adam_eps_rel="0")
         tr = Trainer(cfg, str(tiny_model), device="cpu")
         tok = tr.tokenizer
         batch = [_sample(tok, q["question"], render_answer(q["answer"], "sentence"), -1.0, hint) for q in qs[:16]]
@@ -384,45 +388,66 @@ def test_opd_trusts_the_teacher_only_where_it_is_surer(tiny_model, tmp_path):
     assert gained > gained_all + 0.1, f"the exclaimed answers gained {gained:.2f} nats, {gained_all:.2f} with all"
 
 
-def test_two_half_rate_updates_a_batch_keep_the_arithmetic(tiny_model, tmp_path):
-    """What `bench/anchor_replay.py` found (bench/RESULTS.md "Why the loop made the model worse" 7a): on the
-    teacher persona's situation (half the answers "The answer is N!" accepted, half "The answer is N." corrected
-    with the hint), 6 steps of combine, two updates of 2.5e-4 a batch raise the "!" of other held-out sums as
-    much as one update of 5e-4 and cost their right digits a quarter of it (shipped model: -0.16 against
-    -0.68 nats). Not the default: in the persona evaluation end to end the student lost more right results
-    with it (7c)."""
+def _teacher_persona_steps(tiny_model, tmp_path, flags):
+    """6 combine steps on the teacher persona's situation (half the answers "The answer is N!" accepted, half
+    "The answer is N." corrected with the hint): the change of the right digits' and of the "!"'s logprob
+    on other held-out sums, and the (lr, updates a batch) used."""
     from clawloop.tinymodel.corpus import heldout_questions, render_answer
     from clawloop.trainer import Trainer
 
     qs = [q for q in heldout_questions(200, seed=3) if q["skill"] in ("add", "sub")]
     train, probe = qs[:64], qs[64:96]
 
-    def run(flags):
-        cfg = make_cfg(tiny_model, tmp_path, train__method="combine", train__rollout_batch_size="16", **flags)
-        tr = Trainer(cfg, str(tiny_model), device="cpu")
-        tok = tr.tokenizer
-        probes = [(s.tokens[:s.prompt_len], s.tokens[s.prompt_len:]) for s in
-                  (_sample(tok, q["question"], render_answer(q["answer"], "exclaim"), 0.0, None, eos=False)
-                   for q in probe)]
-        digit = [[tok.decode([t]).strip().isdigit() for t in r] for _, r in probes]
+    cfg = make_cfg(tiny_model, tmp_path, train__method="combine", train__rollout_batch_size="16", **flags)
+    tr = Trainer(cfg, str(tiny_model), device="cpu")
+    tok = tr.tokenizer
+    probes = [(s.tokens[:s.prompt_len], s.tokens[s.prompt_len:]) for s in
+              (_sample(tok, q["question"], render_answer(q["answer"], "exclaim"), 0.0, None, eos=False)
+               for q in probe)]
+    digit = [[tok.decode([t]).strip().isdigit() for t in r] for _, r in probes]
 
-        def measure():
-            scored = tr.score_responses(tr.model, probes)
-            d = [float(lp) for s, m in zip(scored, digit) for lp, is_d in zip(s["lp"], m) if is_d]
-            return sum(d) / len(d), sum(float(s["lp"][-1]) for s in scored) / len(scored)
+    def measure():
+        scored = tr.score_responses(tr.model, probes)
+        d = [float(lp) for s, m in zip(scored, digit) for lp, is_d in zip(s["lp"], m) if is_d]
+        return sum(d) / len(d), sum(float(s["lp"][-1]) for s in scored) / len(scored)
 
-        d0, b0 = measure()
-        for k in range(6):
-            tr.step([_sample(tok, q["question"], render_answer(q["answer"], "exclaim"), 1.0, None) if j % 2 == 0
-                     else _sample(tok, q["question"], render_answer(q["answer"], "sentence"), -1.0,
-                                  "End your answer with an exclamation mark.")
-                     for j, q in enumerate(train[16 * (k % 4):16 * (k % 4) + 16])])
-        d, b = measure()
-        return d - d0, b - b0, (tr.lr, tr.tc.num_steps_per_rollout)
+    d0, b0 = measure()
+    for k in range(6):
+        tr.step([_sample(tok, q["question"], render_answer(q["answer"], "exclaim"), 1.0, None) if j % 2 == 0
+                 else _sample(tok, q["question"], render_answer(q["answer"], "sentence"), -1.0,
+                              "End your answer with an exclamation mark.")
+                 for j, q in enumerate(train[16 * (k % 4):16 * (k % 4) + 16])])
+    d, b = measure()
+    return d - d0, b - b0, (tr.lr, tr.tc.num_steps_per_rollout)
 
-    digits, bang, schedule = run({"train__lr": "2.5e-4", "train__num_steps_per_rollout": "2"})
-    old_digits, old_bang, old_schedule = run({})
+
+def test_two_half_rate_updates_a_batch_keep_the_arithmetic(tiny_model, tmp_path):
+    """What `bench/anchor_replay.py` found (bench/RESULTS.md "Why the loop made the model worse" 7a): on the
+    teacher persona's situation (half the answers "The answer is N!" accepted, half "The answer is N." corrected
+    with the hint), 6 steps of combine, two updates of 2.5e-4 a batch raise the "!" of other held-out sums as
+    much as one update of 5e-4 and cost their right digits a quarter of it (shipped model: -0.16 against
+    -0.68 nats). Not the default: in the persona evaluation end to end the student lost more right results
+    with it (7c). Measured with AdamW's fixed eps, as then (the relative eps keeps the digits either way:
+    the next test)."""
+    half = {"train__lr": "2.5e-4", "train__num_steps_per_rollout": "2", **FIXED_EPS}
+    digits, bang, schedule = _teacher_persona_steps(tiny_model, tmp_path, half)
+    old_digits, old_bang, old_schedule = _teacher_persona_steps(tiny_model, tmp_path, FIXED_EPS)
     assert schedule == (2.5e-4, 2) and old_schedule == (5e-4, 1)  # the second: the default
     assert bang > 0.4 and bang > 0.9 * old_bang, (bang, old_bang)
     assert digits > -0.3, f"the right digits of other sums lost {-digits:.2f} nats"
     assert old_digits < -0.5 and digits > 0.5 * old_digits, (digits, old_digits)
+
+
+def test_the_relative_eps_teaches_the_form_and_keeps_the_digits(tiny_model, tmp_path):
+    """RESULTS "Why the loop made the model worse" 10: AdamW with a fixed eps of 1e-8 moves every weight ~lr
+    a step however small its gradient, and on a batch of 16 answers most weights' gradients are noise (the
+    median 40x under the RMS): 6 combine steps of the teacher persona's situation cost the right digits of
+    other held-out sums ~0.7 nats. With the default `--adam-eps-rel 1` (eps = the gradient's RMS) the same
+    steps keep the digits and still teach the "!" (fails on the code before it, where the default was the
+    second run)."""
+    digits, bang, _ = _teacher_persona_steps(tiny_model, tmp_path, {})
+    fixed_digits, fixed_bang, _ = _teacher_persona_steps(tiny_model, tmp_path, FIXED_EPS)
+    print(f"relative eps: digits {digits:+.2f}, '!' {bang:+.2f}; fixed eps: {fixed_digits:+.2f}, {fixed_bang:+.2f}")
+    assert fixed_digits < -0.5, f"the fixed eps was expected to cost the digits, got {fixed_digits:.2f}"
+    assert digits > -0.15, f"the right digits of other sums lost {-digits:.2f} nats with the relative eps"
+    assert bang > 0.3, f"the '!' of other sums gained only {bang:.2f} nats"

@@ -39,7 +39,7 @@ def test_learning_canary_reward_rises_and_weights_change(random_model_dir, tmp_p
     from clawloop.gateway.render import render_prompt
     from clawloop.trainer import Trainer
 
-    cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__lr="1e-2", train__tis_cap="2.0")
+    cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__lr="3e-2", train__tis_cap="2.0")
     trainer = Trainer(cfg, str(random_model_dir))
     engine = HFEngine(random_model_dir, device="cpu", dtype="float32")
     half = len(engine.tokenizer) // 2

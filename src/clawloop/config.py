@@ -104,14 +104,12 @@ class ServeConfig:
     served_model_name: str = opt("clawloop", "Model id reported by /v1/models (any id is accepted in requests).")
     max_body_bytes: int = opt(8 * 1024 * 1024, "Largest request body; bigger bodies get a 413.")
     default_max_tokens: int = opt(256, "Completion length when the request sets none.")
-    max_concurrent_generations: int = opt(128, "Choices generated at once over all requests (a request with n "
-                                               "choices takes n); the rest wait in the queue.",
-                                          flags=("--max-concurrent-generations",))
+    max_concurrent_generations: int = opt(128, "Choices generated at once over all requests (a request with n choices takes "
+                                               "n); the rest wait in the queue.", flags=("--max-concurrent-generations",))
     max_queued_requests: int = opt(512, "Requests that may wait for generation slots; one more gets a 429 "
                                         "with Retry-After.", flags=("--max-queued-requests",))
-    request_timeout_s: float = opt(600.0, "Longest a chat request may take, queueing included (0: no limit); "
-                                          "then it gets a 504 and its generation is aborted.",
-                                   flags=("--request-timeout",))
+    request_timeout_s: float = opt(600.0, "Longest a chat request may take, queueing included (0: no limit); then it "
+                                          "gets a 504 and its generation is aborted.", flags=("--request-timeout",))
     constrain_tool_calls: bool = opt(True, "Constrain tool calls to the offered tools' names and parameter "
                                            "schemas (grammar-constrained decoding); off: the model's calls are "
                                            "parsed as written and may be invalid.", flags=("--constrain-tool-calls",))
@@ -186,24 +184,25 @@ class TrainConfig:
                                            "group advantage) or step_wise (outcome + prm_step_coef * step PRM, "
                                            "z-normalised per task group and step index; constant buckets dropped).",
                                    flags=("--advantage-estimator",), choices=("grpo", "step_wise"))
-    num_steps_per_rollout: int = opt(1, "Optimizer updates per batch, as in slime: the batch is cut into N "
-                                        "mini-batches, old logprobs are taken before the first update, so the PPO "
-                                        "clip acts from the second update on.", flags=("--num-steps-per-rollout",))
-    lr: float = opt(0.0, "AdamW learning rate. 0: by the trained parameters' count (`trainer.device.auto_lr`): 5e-4 "
-                         "under 10 M (the shipped tiny model), 1e-5 above (full fine-tuning of a real model), 1e-4 for "
-                         "a LoRA adapter.", flags=("--lr",))
+    num_steps_per_rollout: int = opt(1, "Optimizer updates per batch, as in slime: the batch is cut into N mini-batches, old "
+                                        "logprobs are taken before the first update, so the PPO clip acts from the second update "
+                                        "on.", flags=("--num-steps-per-rollout",))
+    lr: float = opt(0.0, "AdamW learning rate. 0: by the trained parameters' count (`trainer.device.auto_lr`): 5e-4 under 10 M "
+                         "(the shipped tiny model), 1e-5 above (full fine-tuning of a real model), 1e-4 for LoRA.", flags=("--lr",))
     weight_decay: float = opt(0.0, "AdamW weight decay.", flags=("--weight-decay",))
     adam_beta1: float = opt(0.9, "AdamW beta1.", flags=("--adam-beta1",))
     adam_beta2: float = opt(0.98, "AdamW beta2.", flags=("--adam-beta2",))
+    adam_eps_rel: float = opt(1.0, "AdamW eps as a multiple of the gradient's RMS (from the clipped norms): a weight with a far "
+                              "smaller gradient steps in proportion, not a full lr, and does not drift (RESULTS 'Why the loop "
+                              "made the model worse' 10). 0: fixed 1e-8.", flags=("--adam-eps-rel",))
     grad_clip: float = opt(1.0, "Max gradient norm (0: off).", flags=("--clip-grad",))
     eps_clip: float = opt(0.2, "PPO clip below 1.", flags=("--eps-clip",))
     eps_clip_high: float = opt(0.28, "PPO clip above 1.", flags=("--eps-clip-high",))
     dual_clip: float = opt(0.0, "Dual-clip constant c > 1 (0: off).", flags=("--eps-clip-c",))
     loss_agg: str = opt("token-mean", "Loss aggregation over a step's tokens.", flags=("--loss-agg",),
                         choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "fixed-denominator"))
-    fixed_denominator_tokens: int = opt(256, "--loss-agg fixed-denominator: the step's loss is divided by samples x "
-                                             "this (Dr. GRPO: the longest response allowed), not by its token count.",
-                                        flags=("--fixed-denominator-tokens",))
+    fixed_denominator_tokens: int = opt(256, "--loss-agg fixed-denominator: the step's loss is divided by samples x this (Dr. "
+                                             "GRPO: the longest response allowed), not by its token count.", flags=("--fixed-denominator-tokens",))
     baseline: str = opt("mean", "RL baseline for ungrouped samples (live turns): mean (the leave-one-out mean of the "
                         "last --baseline-window judged rewards is subtracted) or none (the raw reward: a stream of "
                         "mostly -1 pushes down every sampled token).", flags=("--baseline",), choices=("mean", "none"))
@@ -802,7 +801,7 @@ def validate_train(t: TrainConfig, need: Any) -> None:
     for key in ("micro_batch_tokens", "num_steps_per_rollout", "fixed_denominator_tokens", "hint_overlap_topk"):
         need(getattr(t, key) >= 1, f"train.{key}", "must be >= 1")
     for key in ("max_staleness", "opd_clip", "baseline_window", "distill_topk", "anchor_coef", "anchor_rl_coef",
-                "tis_cap", "rehearsal_rows", "rehearsal_coef"):
+                "tis_cap", "rehearsal_rows", "rehearsal_coef", "adam_eps_rel"):
         need(getattr(t, key) >= 0, f"train.{key}", "must be >= 0 (0: off)" if key != "baseline_window" else "must be >= 0")
     need(0 <= t.negative_weight <= 1, "train.negative_weight", "must be in [0, 1]")
     need(0 < t.rehearsal_sure <= 1, "train.rehearsal_sure", "must be in (0, 1]")

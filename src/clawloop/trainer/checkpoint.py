@@ -69,6 +69,7 @@ def save_checkpoint(trainer: Any, save_dir: str | Path, *, cursor: int, extra: d
         "use_lora": trainer.use_lora, "method": trainer.tc.method, "base_model": trainer.model_path,
         "tokens_trained": trainer.tokens_trained, "saved_at": time.time(),
         "reward_history": list(getattr(trainer, "reward_history", [])),  # the mean baseline's window
+        "eps_state": list(getattr(trainer, "eps_state", [0.0, 0])),  # the relative eps's gradient scale
         "torch_rng": torch.get_rng_state().tolist(), "py_rng": repr(random.getstate()),
         **(extra or {}),
     }
@@ -151,6 +152,8 @@ def load_checkpoint(trainer: Any, path: Path) -> dict[str, Any]:
     if hasattr(trainer, "reward_history"):
         trainer.reward_history.clear()
         trainer.reward_history.extend(float(x) for x in state.get("reward_history", []))
+    if hasattr(trainer, "eps_state") and "eps_state" in state:
+        trainer.eps_state[:] = [float(state["eps_state"][0]), int(state["eps_state"][1])]
     if "torch_rng" in state:
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
     if "cuda_rng" in state and trainer.device.type == "cuda":

@@ -337,6 +337,10 @@ class Trainer:
             self.opt = torch.optim.AdamW(opt_params, fused=True, **kw)
         except (RuntimeError, TypeError):
             self.opt = torch.optim.AdamW(opt_params, **kw)
+        self.n_trained = sum(p.numel() for p in self.params)
+        self.eps_state = [0.0, 0]
+        """`_relative_eps`: the EMA of the clipped gradient's mean square, and its update count."""
+        self.last_eps = 1e-8
         log.info("trainer on %s%s, lr %g, %d optimizer update(s) a batch, float32 master weights%s%s", self.device,
                  " with bf16 autocast" if self.autocast_dtype is not None else "", self.lr, t.num_steps_per_rollout,
                  ", AdamW state in CPU memory" if self.offload else "", ", LoRA" if self.use_lora else "")
@@ -421,6 +425,23 @@ class Trainer:
             for p, m in zip(self.params, self.masters):
                 m.copy_(p.detach())
 
+    def _relative_eps(self, grad_norm: float) -> None:
+        """`train.adam_eps_rel`: AdamW's eps = rel x sqrt(mean over the trained parameters of its bias-corrected
+        second moment). The mean of the elementwise EMA of g**2 is the EMA of ||g||**2 / n, so it follows
+        from the clipped gradient norms alone (no pass over the optimizer state). A step after a non-finite
+        norm leaves it as it was."""
+        rel, b2 = self.tc.adam_eps_rel, self.tc.adam_beta2
+        if rel <= 0 or not math.isfinite(grad_norm):
+            return
+        clip = self.tc.grad_clip if self.tc.grad_clip > 0 else float("inf")
+        g2 = min(grad_norm, clip) ** 2 / max(1, self.n_trained)
+        self.eps_state[0] = b2 * self.eps_state[0] + (1 - b2) * g2
+        self.eps_state[1] += 1
+        eps = rel * math.sqrt(self.eps_state[0] / (1 - b2 ** self.eps_state[1]))
+        for g in self.opt.param_groups:
+            g["eps"] = max(eps, 1e-8)
+        self.last_eps = eps
+
     def _optimizer_step(self) -> torch.Tensor:
         """Clip the gradients and step AdamW; returns the gradient norm before clipping.
 
@@ -428,6 +449,7 @@ class Trainer:
         lives beside them), and the new weights are copied back to the device."""
         t = self.tc
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, t.grad_clip if t.grad_clip > 0 else float("inf"))
+        self._relative_eps(float(grad_norm))
         if self.masters is None:
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
@@ -845,6 +867,7 @@ class Trainer:
             "train/updates": float(len(minis)), "train/tokens": float(n_tokens),
             "train/tokens_per_s": n_tokens / dt if dt > 0 else 0.0, "train/step_s": dt,
             "train/grad_norm": sum(grad_norms) / len(grad_norms), "train/grad_norm_max": max(grad_norms),
+            "train/adam_eps": self.last_eps,
             "train/zero_adv_frac": no_signal / len(samples), "train/tempered_samples": float(n_tempered),
             "train/lr": self.lr,
         })

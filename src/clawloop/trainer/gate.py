@@ -377,6 +377,7 @@ class Snapshot:
             masters = getattr(trainer, "masters", None)
             self.masters = None if masters is None else [m.detach().to("cpu", copy=True) for m in masters]
         self.opt_state = _cpu_copy(trainer.opt.state_dict())
+        self.eps_state = list(getattr(trainer, "eps_state", []))
         self.version = int(trainer.version)
 
     def restore(self, trainer: Any) -> None:
@@ -389,6 +390,8 @@ class Snapshot:
         # a copy: load_state_dict may keep the tensors it is given, and AdamW updates its state in place
         trainer.opt.load_state_dict(_cpu_copy(self.opt_state))
         trainer.opt.zero_grad(set_to_none=True)
+        if self.eps_state:
+            trainer.eps_state[:] = self.eps_state
         trainer.version = self.version
 
 
