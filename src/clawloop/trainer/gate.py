@@ -448,8 +448,12 @@ class PublishGate:
         self.snapshot: Snapshot | None = None
         self.last: Verdict | None = None
         self.counts = {"candidates": 0, "passed": 0, "refused": 0, "consecutive_refusals": 0, "retries": 0,
-                       "passed_on_retry": 0}
+                       "passed_on_retry": 0, "passed_on_served": 0}
+        self.served: dict[tuple[int, int], dict[str, float]] = {}
+        """(served version, round) -> the served version's own score on that round, read after a refusal
+        there (`check`): a round that the served version itself fails holds a candidate to it instead."""
         self.baseline_s = self.last_snapshot_s = self.last_rollback_s = 0.0
+        self._failed: set[str] = set()
 
     @classmethod
     def from_config(cls, cfg: Config, checks: list[Check]) -> "PublishGate":
@@ -534,30 +538,37 @@ class PublishGate:
         # decision is learnt, and a candidate read on a new round at every try passes on the first lenient one.
         turn = self.counts["passed"] % len(self.rounds)
         scores = self.score(trainer, self.rounds[turn])
-        held_to = self.baselines[turn]
+        served_version = self.snapshot.version if self.snapshot is not None else -1
+        held_to = self.held_to(turn, self.served.get((served_version, turn)))
         drops = {g: held_to.get(g, 0.0) - s for g, s in scores.items()}
         worst = max(drops, key=lambda g: drops[g])
-        passed = all(d <= self.tolerance + 1e-9 for d in drops.values())
+        passed = all(d <= (0.0 if g in self._failed else self.tolerance) + 1e-9 for g, d in drops.items())
         self.last = Verdict(int(trainer.version), scores, passed, time.perf_counter() - t0, worst, held_to)
         self.counts["candidates"] += 1
         if passed:
             self.counts["passed"] += 1
+            self.counts["passed_on_served"] += bool(self._failed)
             self.counts["consecutive_refusals"] = 0
             if self.backoff < 1.0 and self.lr_scale < 1.0:
                 self._set_lr_scale(trainer, self.lr_scale / self.backoff)
-            log.info("publish gate: v%d passed: %s (baseline %s)", trainer.version, _fmt(scores), _fmt(held_to))
+            log.info("publish gate: v%d passed: %s (baseline %s%s)", trainer.version, _fmt(scores), _fmt(held_to),
+                     f"; in {', '.join(sorted(self._failed))} the served v{served_version}'s own reading, which this "
+                     f"round puts beyond the tolerance" if self._failed else "")
             return True
         self.counts["refused"] += 1
         self.counts["consecutive_refusals"] += 1
         candidate, step = trainer.version, trainer.step_count
         self.roll_back(trainer)
+        if (served_version, turn) not in self.served:  # the served weights are back: how do they read here?
+            self.served[(served_version, turn)] = self.score(trainer, self.rounds[turn])
         before = self.lr_scale
         if self.backoff < 1.0:  # a step that lost what the model could do was too long: retry with a shorter one
             self._set_lr_scale(trainer, self.lr_scale * self.backoff)
         self.shortened = self.lr_scale < before
-        log.warning("publish gate: refused candidate v%d (step %d): %s %.3f vs baseline %.3f (tolerance %.3f); "
+        log.warning("publish gate: refused candidate v%d (step %d): %s %.3f vs %s %.3f (tolerance %.3f); "
                     "still serving v%d, the trainer goes on from it (%d refused in a row)", candidate, step, worst,
-                    scores[worst], held_to.get(worst, 0.0), self.tolerance, trainer.version,
+                    scores[worst], f"the served v{served_version}" if worst in self._failed else "baseline",
+                    held_to.get(worst, 0.0), 0.0 if worst in self._failed else self.tolerance, trainer.version,
                     self.counts["consecutive_refusals"])
         if self.counts["consecutive_refusals"] % STALLED_AFTER == 0 and not self.shortened:
             log.warning("publish gate: %d candidates refused in a row, the last at the shortest step (1/%d of --lr): "
@@ -566,6 +577,19 @@ class PublishGate:
                         "(gate/consecutive_refusals)", self.counts["consecutive_refusals"], round(1 / MIN_LR_SCALE),
                         worst, trainer.version)
         return False
+
+    def held_to(self, turn: int, served: dict[str, float] | None) -> dict[str, float]:
+        """What a candidate read on round `turn` is held to: the round's baseline, except in the groups where
+        the served version itself reads beyond the tolerance on it (`served`, known after a first refusal
+        there). A round that fails the weights being served cannot tell a candidate from them, and refusing
+        every candidate there would keep serving those weights forever; in those groups a candidate must
+        read at least as well as the served version (`_failed` names them). The next version is read on a
+        fresh round against its baseline again."""
+        base = self.baselines[turn]
+        self._failed = {g for g, v in (served or {}).items() if base.get(g, 0.0) - v > self.tolerance + 1e-9}
+        if not self._failed:
+            return base
+        return {g: (served[g] if g in self._failed else v) for g, v in base.items()}
 
     def keep(self, trainer: Any) -> None:
         """The trainer's weights are published: they are the rollback point now."""
