@@ -215,15 +215,23 @@ def test_a_round_that_fails_the_served_version_holds_candidates_to_it():
     # round 1 reads the served v1 at 0.86, within the tolerance: the baseline holds
     assert not gate.check(Fake(0.84, 2)) and gate.last.held_to["arithmetic"] == 0.90
     assert gate.served[(1, 1)]["arithmetic"] == 0.86
-    assert gate.check(Fake(0.85, 2))
-    keep(Fake(0.80, 2))  # say v2 read 0.85 on round 1 and reads 0.80 on round 0, where v3 is read
-    assert not gate.check(Fake(0.80, 3))  # 0.80 vs 0.90: refused; then the served v2 is read there: 0.80
-    assert gate.served[(2, 0)]["arithmetic"] == 0.80
-    assert not gate.check(Fake(0.79, 3))  # now held to the served 0.80: worse, refused
-    assert gate.last.held_to["arithmetic"] == 0.80 and gate.last.held_to["facts"] == 1.0
-    assert gate.check(Fake(0.80, 3)) and gate.counts["passed_on_served"] == 1  # no worse than served: published
-    keep(Fake(0.80, 3))
-    assert not gate.check(Fake(0.81, 4)) and gate.last.held_to["arithmetic"] == 0.90  # round 1: the baseline again
+    assert gate.check(Fake(0.88, 2)) and gate.passed_drops[2]["arithmetic"] == pytest.approx(0.02)
+    keep(Fake(0.83, 2))  # v2 read 0.88 on round 1; on round 0, where v3 is read, it reads 0.83
+    assert not gate.check(Fake(0.83, 3))  # 0.83 vs 0.90: refused; then the served v2 is read there: 0.83
+    assert gate.served[(2, 0)]["arithmetic"] == 0.83
+    # v2's drop, 0.07 here and 0.02 on its own round, is 0.045 on the two: a harder round, held to v2's 0.83
+    assert not gate.check(Fake(0.82, 3))  # worse than served: refused
+    assert gate.last.held_to["arithmetic"] == 0.83 and gate.last.held_to["facts"] == 1.0
+    assert gate.check(Fake(0.83, 3)) and gate.counts["passed_on_served"] == 1  # no worse than served: published
+    keep(Fake(0.83, 3))
+    assert not gate.check(Fake(0.84, 4)) and gate.last.held_to["arithmetic"] == 0.90  # round 1: the baseline again
+    # a real loss is not ratcheted on: v3, published on v2's reading (its drop 0.07), reads 0.83 on round 1 too:
+    # 0.07 on the two, so v4 is held to the baseline (and passes at 0.86); v4 then reads 0.80 on round 0 (0.10,
+    # and 0.04 on its own round: 0.07), so v5's candidates stay held to the baseline there
+    assert gate.served[(3, 1)]["arithmetic"] == 0.83 and gate.check(Fake(0.86, 4)) is True
+    keep(Fake(0.80, 4))
+    assert not gate.check(Fake(0.80, 5)) and gate.served[(4, 0)]["arithmetic"] == 0.80
+    assert not gate.check(Fake(0.80, 5)) and gate.last.held_to["arithmetic"] == 0.90
 
 
 # -- publish and roll back -----------------------------------------------------------------------------
@@ -285,7 +293,7 @@ def test_a_passing_version_is_published_and_a_damaging_one_is_rolled_back(tiny_d
             assert await run(None, tl.publish_weights) is True
             assert engine.policy_version == 1 and gate.counts == {
                 "candidates": 1, "passed": 1, "refused": 0, "consecutive_refusals": 0, "retries": 0,
-                "passed_on_retry": 0}
+                "passed_on_retry": 0, "passed_on_served": 0}
             published = _state(trainer)
             # big steps towards wrong sums: a candidate that lost arithmetic is refused, the trainer is back at v1
             set_lr(trainer, 2e-3)

@@ -452,6 +452,8 @@ class PublishGate:
         self.served: dict[tuple[int, int], dict[str, float]] = {}
         """(served version, round) -> the served version's own score on that round, read after a refusal
         there (`check`): a round that the served version itself fails holds a candidate to it instead."""
+        self.passed_drops: dict[int, dict[str, float]] = {0: {}}
+        """Version -> its drop below the baseline per group on the round it passed (the start: none)."""
         self.baseline_s = self.last_snapshot_s = self.last_rollback_s = 0.0
         self._failed: set[str] = set()
 
@@ -539,15 +541,17 @@ class PublishGate:
         turn = self.counts["passed"] % len(self.rounds)
         scores = self.score(trainer, self.rounds[turn])
         served_version = self.snapshot.version if self.snapshot is not None else -1
-        held_to = self.held_to(turn, self.served.get((served_version, turn)))
+        held_to = self.held_to(turn, self.served.get((served_version, turn)), self.passed_drops.get(served_version))
         drops = {g: held_to.get(g, 0.0) - s for g, s in scores.items()}
-        worst = max(drops, key=lambda g: drops[g])
-        passed = all(d <= (0.0 if g in self._failed else self.tolerance) + 1e-9 for g, d in drops.items())
+        allowed = {g: 0.0 if g in self._failed else self.tolerance for g in drops}
+        worst = max(drops, key=lambda g: drops[g] - allowed[g])
+        passed = all(d <= allowed[g] + 1e-9 for g, d in drops.items())
         self.last = Verdict(int(trainer.version), scores, passed, time.perf_counter() - t0, worst, held_to)
         self.counts["candidates"] += 1
         if passed:
             self.counts["passed"] += 1
             self.counts["passed_on_served"] += bool(self._failed)
+            self.passed_drops[int(trainer.version)] = {g: self.baselines[turn].get(g, 0.0) - v for g, v in scores.items()}
             self.counts["consecutive_refusals"] = 0
             if self.backoff < 1.0 and self.lr_scale < 1.0:
                 self._set_lr_scale(trainer, self.lr_scale / self.backoff)
@@ -578,15 +582,21 @@ class PublishGate:
                         worst, trainer.version)
         return False
 
-    def held_to(self, turn: int, served: dict[str, float] | None) -> dict[str, float]:
+    def held_to(self, turn: int, served: dict[str, float] | None,
+                own: dict[str, float] | None = None) -> dict[str, float]:
         """What a candidate read on round `turn` is held to: the round's baseline, except in the groups where
         the served version itself reads beyond the tolerance on it (`served`, known after a first refusal
-        there). A round that fails the weights being served cannot tell a candidate from them, and refusing
-        every candidate there would keep serving those weights forever; in those groups a candidate must
-        read at least as well as the served version (`_failed` names them). The next version is read on a
-        fresh round against its baseline again."""
+        there) while, averaged with its drop on the round it passed (`own`), it is within the tolerance: a
+        harder draw, not a loss. That round cannot tell a candidate from the served weights, and refusing
+        every candidate there would keep serving them for good; in those groups a candidate must read at
+        least as well as the served version (`_failed` names them). Where the two rounds together put the
+        served version beyond the tolerance, the baseline holds (a real loss is not ratcheted on)."""
         base = self.baselines[turn]
-        self._failed = {g for g, v in (served or {}).items() if base.get(g, 0.0) - v > self.tolerance + 1e-9}
+        if own is None:  # how the served version read on its own round is not known (a restart): no exception
+            self._failed = set()
+            return base
+        self._failed = {g for g, v in (served or {}).items() if base.get(g, 0.0) - v > self.tolerance + 1e-9
+                        and (base.get(g, 0.0) - v + own.get(g, 0.0)) / 2 <= self.tolerance + 1e-9}
         if not self._failed:
             return base
         return {g: (served[g] if g in self._failed else v) for g, v in base.items()}
