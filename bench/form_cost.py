@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default=str(default_model_dir()))
     ap.add_argument("--style", default="exclaim", help="the persona's form: exclaim (teacher) or bare (student)")
     ap.add_argument("--method", default="binary")
-    ap.add_argument("--settings", default="default")
+    ap.add_argument("--settings", default="rel0,default", help="comma separated (module docstring); the default "
+                    "compares AdamW's fixed eps with the relative one, side by side")
     ap.add_argument("--updates", type=int, default=16)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
@@ -180,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
               f"| sums {b['sums']:.2f} -> {f['sums']:.2f} | facts {b['facts']:.2f} -> {f['facts']:.2f} "
               f"| seen sums {b['seen_sums']:.2f} -> {f['seen_sums']:.2f} | {r['generated']} generated, {r['seconds']} s", flush=True)
         results.append(r)
+    print(json.dumps({"bench": "form_cost", "style": a.style, "method": a.method, "updates": a.updates,
+                      "settings": {r["setting"]: {"before": r["before"], "after": r["after"]} for r in results}}))
     if a.out:
         with open(a.out, "w") as fh:
             json.dump({"args": vars(a), "results": results}, fh, indent=1)

@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # vllm_engine prints {"skipped": ...} and exits 0 when there is no .venv-vllm (`make vllm`).
 ORDER = ["gateway_overhead", "buffer_ingest", "train_vs_trl", "serve_while_training", "publish_gate", "rehearsal_cost",
-         "learning_diagnosis",
+         "form_cost", "learning_diagnosis",
          "tiny_model_arithmetic", "constrained_decoding", "agent_toolcall_learning", "gui_rollout", "ray_scale",
          "vllm_engine", "store_bytes", "trainer_long_sample", "openclaw_latency"]
 
