@@ -94,3 +94,37 @@ def test_a_judges_continuous_reward_is_the_advantage(random_model_dir, tmp_path)
         assert trainer.last["train/combine_adv_mean"] == pytest.approx(0.3)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("retry_weight", ["0", "1"])
+def test_an_answer_after_a_correction_trains_by_retry_weight(random_model_dir, tmp_path, retry_weight):
+    """Session a: its first answer judged -1 (the user corrected it), its second +1; session b: a first
+    answer +1. The second answer of a follows a correction: its RL score is scaled by `--retry-weight`
+    (0: not trained by RL, still in the baseline; 1, the default: as any turn); b's first answer trains
+    either way."""
+    from clawloop.naming import open_store
+    from clawloop.trainer import Trainer, TrainerLoop
+
+    cfg = make_cfg(random_model_dir, tmp_path, train__method="binary", train__rollout_batch_size="2",
+                   train__retry_weight=retry_weight)
+    trainer = Trainer(cfg, str(random_model_dir))
+    store = open_store(cfg)
+    try:
+        ids = []
+        for sid, index, score in (("a", 0, -1), ("a", 1, 1), ("b", 0, 1)):
+            t = _turn(trainer.tokenizer, sid)
+            t.index = index
+            ids.append(store.add_turn(t).result())
+            store.save_judgement(Judgement(turn_id=ids[-1], score=score, judge="offline")).result()
+        tl = TrainerLoop(cfg, trainer, store, None, "offline")
+        tl.fetch()
+        assert tl.counts["retry_answers"] == 1 and list(trainer.reward_history) == [-1.0, 1.0, 1.0]
+        assert [(s.turn_id, s.rl_weight) for s in tl.pending] == (
+            [(ids[2], 1.0)] if retry_weight == "0" else [(ids[1], 1.0), (ids[2], 1.0)])
+        if retry_weight == "0":
+            return
+        weighted = [*tl.pending]
+        weighted[0] = type(weighted[0])(**{**weighted[0].__dict__, "rl_weight": 0.5})
+        assert trainer.rl_scores(weighted)[0][0] == pytest.approx(trainer.rl_scores(tl.pending)[0][0] * 0.5)
+    finally:
+        store.close()

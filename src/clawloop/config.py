@@ -211,6 +211,10 @@ class TrainConfig:
                                  "uncertain right ones (the digits of a right result in the wrong form); with a "
                                  "teacher (opd, combine) the OPD term says where. 1: as it is.",
                                  flags=("--negative-weight",))
+    retry_weight: float = opt(1.0, "RL weight of an answer given right after a correction (the previous turn judged "
+                              "negative): it does what the user just asked; 0 trains the form on first answers "
+                              "alone, faster and cheaper per update on the tiny model (RESULTS 11).",
+                              flags=("--retry-weight",))
     baseline_window: int = opt(256, "How many recent rewards the mean baseline averages: every judged turn the "
                                     "trainer read, trained on or not.", flags=("--baseline-window",))
     w_rl: float = opt(1.0, "Weight of the RL term (the score, or a rollout group's advantage).")
@@ -284,11 +288,9 @@ class TrainConfig:
     publish_interval: int = opt(1, "Publish weights to the engine every N steps.")
     threads: int = opt(1, "torch threads the trainer may use (protects serving on small machines).")
     nice: int = opt(-1, "CPU priority of the trainer's thread, as nice(1): 0..19 (higher yields more to serving); "
-                        "-1: 10 when the trainer computes on the CPU, 0 on a GPU. Linux only.",
-                    flags=("--train-nice",))
+                        "-1: 10 when the trainer computes on the CPU, 0 on a GPU. Linux only.", flags=("--train-nice",))
     seed: int = opt(1234, "Trainer seed.", flags=("--seed",))
-    device: str = opt("auto", "Trainer device: auto (cuda when available), cpu, cuda, cuda:N.",
-                      flags=("--train-device",))
+    device: str = opt("auto", "Trainer device: auto (cuda when available), cpu, cuda, cuda:N.", flags=("--train-device",))
     train_gpus: list = opt([], "GPU ids for the trainer, e.g. 0,1 (the first is used; with ROLLOUT_GPUS).",
                            env=("TRAIN_GPUS",))
     rollout_gpus: list = opt([], "GPU ids for the engine replicas, one replica per id unless --engine-replicas.",
@@ -388,8 +390,7 @@ class EnvConfig:
     prm_model: str = opt("", "PRM model name at --prm-url, or folder for --prm frozen.", flags=("--prm-model",))
     prm_votes: int = opt(0, "PRM calls per step, majority-voted (0: 1 for terminal, 3 otherwise, as the reference).",
                          flags=("--prm-m",))
-    prm_step_coef: float = opt(1.0, "Weight of a step's PRM score beside the outcome reward.",
-                               flags=("--prm-step-coef",))
+    prm_step_coef: float = opt(1.0, "Weight of a step's PRM score beside the outcome reward.", flags=("--prm-step-coef",))
 
     def payload(self) -> dict[str, Any]:
         """The /start_rollout keys this section supplies (the payload's own keys win)."""
@@ -421,8 +422,7 @@ class RayConfig:
                                   "on GPU); 0: the trainer stays in this process.", flags=("--trainer-workers",))
     judge_workers: int = opt(0, "Judge engine actors for --judge frozen (the --judge-model folder, else the base "
                                 "model), never weight-synced; the judge loop stays in this process and spreads its "
-                                "calls over them. 0: a frozen judge runs in this process.",
-                             flags=("--judge-workers",))
+                                "calls over them. 0: a frozen judge runs in this process.", flags=("--judge-workers",))
     judge_num_cpus: float = opt(-1.0, "CPUs reserved per judge actor (-1: as --engine-num-cpus's auto rule).",
                                 flags=("--judge-num-cpus",))
     judge_num_gpus: float = opt(0.0, "GPUs per judge actor.", flags=("--judge-num-gpus",))
@@ -803,7 +803,8 @@ def validate_train(t: TrainConfig, need: Any) -> None:
     for key in ("max_staleness", "opd_clip", "baseline_window", "distill_topk", "anchor_coef", "anchor_rl_coef",
                 "tis_cap", "rehearsal_rows", "rehearsal_coef", "adam_eps_rel"):
         need(getattr(t, key) >= 0, f"train.{key}", "must be >= 0 (0: off)" if key != "baseline_window" else "must be >= 0")
-    need(0 <= t.negative_weight <= 1, "train.negative_weight", "must be in [0, 1]")
+    for key in ("negative_weight", "retry_weight"):
+        need(0 <= getattr(t, key) <= 1, f"train.{key}", "must be in [0, 1]")
     need(0 < t.rehearsal_sure <= 1, "train.rehearsal_sure", "must be in (0, 1]")
     need(t.opd_target != "advantage" or t.distill_topk == 0, "train.distill_topk",
          "does nothing with --opd-target advantage (the per-token advantage uses no top-K); use --opd-target topk")

@@ -137,6 +137,9 @@ class Sample:
     the engine swapped weights mid-response; the trainer applies the staleness bound per token."""
     group_id: str | None = None
     """Samples sharing a group id were drawn for the same prompt (n > 1)."""
+    rl_weight: float = 1.0
+    """Scales the RL score (`Trainer.rl_scores`); the loop sets `train.retry_weight` on an answer given after
+    a correction (`trainer/loop.py`). The reward still counts for the mean baseline."""
     turn_id: int | None = None
     messages: list[dict[str, Any]] | None = None
     """The prompt messages (needed to build the OPD teacher prompt)."""

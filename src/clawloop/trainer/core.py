@@ -622,7 +622,7 @@ class Trainer:
         if self.tc.baseline == "mean" and not self.rewards_observed:  # the loop did not record them: do it here
             self.reward_history.extend(rewards[[k for k, g in enumerate(groups) if g is None]].tolist())
         for i, v in zip(idx, normed.tolist()):
-            out[i] = v
+            out[i] = v * samples[i].rl_weight  # an answer after a correction: `train.retry_weight`
         return out, stats
 
     def _micro_batches(self, samples: list[Sample]) -> list[list[Sample]]:

@@ -52,7 +52,7 @@ import os
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ import torch
 
 from clawloop.config import Config
 from clawloop.engines.base import AcceptsLora, Engine, HoldsWeights
-from clawloop.records import Sample
+from clawloop.records import Judgement, Sample, Turn
 from clawloop.store import Store
 from clawloop.trainer.checkpoint import (
     load_checkpoint,
@@ -105,7 +105,7 @@ def has_signal(s: Sample, method: str, negative_weight: float = 1.0) -> bool:
     if s.advantages is not None:
         return any(a != 0 for a in s.advantages)
     r = float(s.reward) if s.reward is not None else math.nan
-    rl = (method in ("binary", "combine") and math.isfinite(r) and r != 0.0
+    rl = (method in ("binary", "combine") and math.isfinite(r) and r != 0.0 and s.rl_weight != 0
           and not (r <= -1.0 and negative_weight == 0 and s.group_id is None))
     opd = method in ("opd", "combine") and (bool(s.messages) and bool(hint_candidates(s))
                                              or bool(s.teacher_logprobs))
@@ -157,7 +157,10 @@ class TrainerLoop:
         self.window: deque[int] = deque(maxlen=64)  # 1 = had signal, per judged turn
         self.counts = {"judged_seen": 0, "skipped_no_signal": 0, "truncated": 0, "publishes": 0,
                        "publish_failures": 0, "steps": 0, "checkpoints": 0, "engine_sleeps": 0,
-                       "stale_dropped": 0, "skipped_steps": 0}
+                       "stale_dropped": 0, "skipped_steps": 0, "retry_answers": 0}
+        # each judged turn's verdict sign by (session, index), so an answer given after a correction (the
+        # previous turn judged negative; judged before it, so read before it) gets `train.retry_weight`
+        self.verdicts: OrderedDict[tuple[str, int], float] = OrderedDict()
         self.last_step_at = 0.0
         self.last_publish_s = 0.0
         self._warned_dead = 0.0
@@ -256,9 +259,19 @@ class TrainerLoop:
                 if not turn.response_ids:
                     self.counts["skipped_no_signal"] += 1
                     continue
-                self._consider(Sample.from_turn(turn, judgement), jid)
+                self._consider(self._sample(turn, judgement), jid)
             if not self.pending:  # everything read was skipped: all of it is consumed
                 self.cursor = self.read_cursor
+
+    def _sample(self, turn: Turn, judgement: Judgement) -> Sample:
+        s = Sample.from_turn(turn, judgement)
+        self.verdicts[(turn.session_id, turn.index)] = judgement.value
+        while len(self.verdicts) > 100_000:
+            self.verdicts.popitem(last=False)
+        if self.verdicts.get((turn.session_id, turn.index - 1), 0.0) < 0:
+            s.rl_weight = self.tc.retry_weight
+            self.counts["retry_answers"] += 1
+        return s
 
     def _consider(self, s: Sample, jid: int | None) -> None:
         self.newest_version = max(self.newest_version, max(s.response_versions, default=s.policy_version))
