@@ -139,7 +139,9 @@ def test_openclaw_sessions_are_captured_linked_judged_and_trained(tmp_path: Path
     assert {t.type for t in turns} == {"main"}
     # One clawloop session per OpenClaw session, its turns numbered in order, and each message's answer
     # linked to the user's next message (OpenClaw prefixes it with a timestamp) as its next state.
-    assert len(sessions) == 3, sorted(sessions)
+    assert len(sessions) == 3, {sid: [(t.index, len(t.messages), str(t.messages[-1]["content"])[-70:], t.response_text[:40],
+                                       t.finish_reason) for t in sorted(ts, key=lambda t: t.index)]
+                                for sid, ts in sessions.items()}
     for sid, ts in sessions.items():
         assert sorted(t.index for t in ts) == list(range(len(ts))), sid
     for messages in SESSIONS:
