@@ -303,6 +303,28 @@ def test_a_harness_context_block_after_the_reply_is_not_the_next_state(tmp_path)
     store.close()
 
 
+def test_a_system_prompt_rebuilt_per_request_keeps_the_session(tmp_path):
+    """OpenClaw's system prompt carries the date ("Current date: 2026-11-27"): a conversation that goes on
+    past midnight is still one session, the reply after midnight the earlier answer's next state. (It was
+    stored as two sessions on 2026-11-27, RESULTS "Why the loop made the model worse" 10.)"""
+    store = SQLiteStore(tmp_path / "c.db")
+    cap = Capture(store)
+    day = lambda d: {"role": "system", "content": f"You are an agent.\n## Temporal Context\nCurrent date: {d}"}  # noqa: E731
+    s0 = cap.begin(None, "main", [day("2026-11-27"), user("What is 12+7?")], False)
+    cap.finish(s0, [_turn(s0, "19")])
+    s1 = cap.begin(None, "main", [day("2026-11-28"), user("What is 12+7?"), {"role": "assistant", "content": "19"},
+                                  user("thanks! and 3+4?")], False)
+    assert s1.session_id == s0.session_id and s1.index == 1
+    cap.finish(s1, [_turn(s1, "7")])
+    # the history still counts: another question under the same system prompt is another conversation
+    s2 = cap.begin(None, "main", [day("2026-11-28"), user("What is 5+5?"), {"role": "assistant", "content": "19"},
+                                  user("thanks")], False)
+    assert s2.session_id != s0.session_id
+    store.flush()
+    assert store.session_turns(s0.session_id)[0].next_state == {"role": "user", "content": "thanks! and 3+4?"}
+    store.close()
+
+
 def test_identical_headerless_conversations_most_recent_wins(tmp_path):
     store = SQLiteStore(tmp_path / "c.db")
     cap = Capture(store)

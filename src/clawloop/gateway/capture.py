@@ -41,9 +41,11 @@ Sessions. An explicit session (X-Session-Id, body `session_id`, `user`)
 always wins. Without one, a main request is put in the session whose served
 answer its history ends with (rule 1, looked up across sessions), else in a
 new `conv-<hex>` session: an unmodified OpenAI client gets one session per
-conversation. Limits: two identical conversations collide (the most recent
-answer wins); a client that edits or rewrites earlier history (or injects a
-changing system prompt) starts a new session; a header-less side call that
+conversation. The system prompt's text does not count (an agent rebuilds it
+per request: OpenClaw's carries the date). Limits: two identical
+conversations collide (the most recent answer wins), also under different
+system prompts; a client that edits or rewrites earlier history starts a new
+session; a header-less side call that
 replays the conversation (a title request) looks like a continuation — send
 `X-Turn-Type: side` for those. The map holds the last `max_answers` answers
 and is rebuilt at start from the store's `rebuild_sessions` most recent
@@ -140,9 +142,13 @@ def _canon_args(args: Any) -> str:
 
 def _canon(m: dict[str, Any]) -> bytes:
     """A message as the conversation hash sees it: role and stripped content; for an assistant
-    message with tool calls, the calls' names and arguments only (ids are made up per response)."""
+    message with tool calls, the calls' names and arguments only (ids are made up per response); for a
+    system (developer) message its role alone: an agent rebuilds it per request (OpenClaw's carries the
+    date, so a conversation across midnight would otherwise start a new session)."""
     role = m.get("role") or ""
     calls = m.get("tool_calls") if role == "assistant" else None
+    if role in ("system", "developer"):
+        return f"{role}\x00".encode()
     if calls:
         role = "assistant/calls"
         fns = [c.get("function") or {} for c in calls]
