@@ -9,8 +9,8 @@
 #          mkdir -p .gpumodel && cp -r MODEL .gpumodel/NAME   # (optional) other models to compare
 #   there: scripts/gpu_eval.sh "CELLS"       # with the device tool, carry [".whl2", ".gpumodel"]
 #
-# CELLS: space separated method:wording:persona:model (model: `shipped` or a folder name under
-# .gpumodel); EVAL_ARGS: more eval flags (e.g. --max-minutes 6.5 to end inside the call). Writes $OUT/evals.tgz (every cell's JSON and server log) and $OUT/summary.txt.
+# CELLS: space separated method:wording:persona:model[:flags] (model: `shipped` or a folder name under
+# .gpumodel; flags: more `clawloop up` flags, commas for spaces, e.g. --retry-weight,0); EVAL_ARGS: more eval flags (e.g. --max-minutes 6.5 to end inside the call). Writes $OUT/evals.tgz (every cell's JSON and log, the gate's lines) and $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,10 +41,11 @@ export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false 
 
 pids=()
 for cell in ${1:?cells}; do
-  IFS=: read -r method wording persona model <<<"$cell"
-  name="${method}_${wording}_${persona}_${model}"
+  IFS=: read -r method wording persona model up <<<"$cell"
+  name="${method}_${wording}_${persona}_${model}${up:+_${up//[^a-z0-9]/}}"
   mp=()
   [ "$model" != shipped ] && mp=(--model-path ".gpumodel/$model")
+  [ -n "$up" ] && mp+=(-- ${up//,/ })
   mkdir -p "/tmp/evals/$name"
   timeout "${CELL_TIMEOUT:-560}" "$PY" -m clawloop.cli eval --personas "$persona" --train-updates 16 --problems 32 \
     --method "$method" --wording "$wording" ${EVAL_ARGS:-} --out "/tmp/evals/$name.json" --data-dir "/tmp/evals/$name" "${mp[@]}" \
@@ -55,5 +56,6 @@ for p in "${pids[@]}"; do wait "$p"; done
 for f in /tmp/evals/*.log; do
   echo "== $(basename "$f" .log): $(grep -h "^persona=" "$f" || tail -c 300 "$f")"
 done >> "$OUT/summary.txt"
-tar -C /tmp/evals -czf "$OUT/evals.tgz" --exclude='*.db*' .
+for d in /tmp/evals/*/; do echo "== $d"; grep -h "publish gate" "$d"*/up.log | cut -c1-260; done > /tmp/evals/gates.txt
+(cd /tmp/evals && tar -czf "$OUT/evals.tgz" ./*.json ./*.log gates.txt)
 cat "$OUT/summary.txt"
