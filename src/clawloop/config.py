@@ -212,8 +212,8 @@ class TrainConfig:
                                  "teacher (opd, combine) the OPD term says where. 1: as it is.",
                                  flags=("--negative-weight",))
     retry_weight: float = opt(1.0, "RL weight of an answer given right after a correction (the previous turn judged "
-                              "negative): it does what the user just asked; 0 trains the form on first answers "
-                              "alone, faster and cheaper per update on the tiny model (RESULTS 11).",
+                              "negative): it does what the user just asked. 0: the form from first answers alone "
+                              "(faster; costs less where the form is no harder for the model: RESULTS 11).",
                               flags=("--retry-weight",))
     baseline_window: int = opt(256, "How many recent rewards the mean baseline averages: every judged turn the "
                                     "trainer read, trained on or not.", flags=("--baseline-window",))
