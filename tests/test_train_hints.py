@@ -128,3 +128,10 @@ def test_an_answer_after_a_correction_trains_by_retry_weight(random_model_dir, t
         assert trainer.rl_scores(weighted)[0][0] == pytest.approx(trainer.rl_scores(tl.pending)[0][0] * 0.5)
     finally:
         store.close()
+
+
+def test_retry_weight_outside_0_1_is_a_config_error_naming_the_key(random_model_dir, tmp_path):
+    from clawloop.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.retry_weight"):
+        make_cfg(random_model_dir, tmp_path, train__retry_weight="1.5")
