@@ -150,6 +150,18 @@ class ServerThread:
         self.sock.close()
 
 
+FRAGILE_MODEL = Path(__file__).parent / "models" / "tiny-chat-2026-11-27"
+
+
+@pytest.fixture(scope="session")
+def fragile_model() -> Path:
+    """The tiny model shipped until 2026-11-27 (the same bytes git already holds for it): its bare facts and
+    right digits move under a few steps, so the trainer's safety mechanisms (relative eps, rehearsal, the
+    teacher's trust, two half-rate updates) show their effect on it. The build shipped since keeps its
+    digits under the old settings too, which would leave those contrasts unmeasurable (RESULTS 12)."""
+    return FRAGILE_MODEL
+
+
 @pytest.fixture(scope="session")
 def random_model_dir(tmp_path_factory) -> Path:
     from clawloop.tinymodel.build import build_random_model

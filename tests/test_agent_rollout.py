@@ -208,6 +208,45 @@ def test_env_pool_http_leases(tmp_path):
         pool.shutdown()
 
 
+def test_an_environment_built_during_shutdown_removes_its_workspace(tmp_path, monkeypatch):
+    """`/stop_rollout` shuts the pool down while an episode's environment is still being built: that
+    environment (its workspace already made) closes itself instead of being leased after the shutdown
+    and left in the work dir (the race `test_stop_rollout_leaves_no_agent_workspace_behind` hit)."""
+    import threading
+
+    from clawloop.envs.base import EnvOptions
+    from clawloop.envs.pool import EnvPool, PoolError
+    from clawloop.envs.toolcall import env as tc
+
+    work = tmp_path / "work"
+    work.mkdir()
+    built, release = threading.Event(), threading.Event()
+    real_init = tc.ToolCallEnv.__init__
+
+    def slow_init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        built.set()
+        release.wait(10)  # the rest of the construction, still running when the pool stops
+
+    monkeypatch.setattr(tc.ToolCallEnv, "__init__", slow_init)
+    pool = EnvPool("toolcall", EnvOptions(work_dir=str(work)), capacity=2)
+    errors: list[Exception] = []
+
+    def allocate():
+        try:
+            pool.allocate(pool.task_ids()[0])
+        except PoolError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=allocate)
+    t.start()
+    assert built.wait(10) and len(list(work.iterdir())) == 1
+    pool.shutdown()
+    release.set()
+    t.join(10)
+    assert [e.status for e in errors] == [503] and list(work.iterdir()) == []
+
+
 def test_llm_step_prm_through_a_served_model(gateway):
     """`--prm url` (here: clawloop's own gateway as the endpoint) judges a step with m votes through the
     next-state prompt; the random model's replies carry no verdict, so the votes are malformed (None) and the

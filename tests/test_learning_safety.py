@@ -343,7 +343,7 @@ def test_binary_has_the_anchor_only_with_anchor_rl(random_model_dir, tmp_path):
                    str(random_model_dir)).anchors
 
 
-def test_opd_trusts_the_teacher_only_where_it_is_surer(tiny_model, tmp_path):
+def test_opd_trusts_the_teacher_only_where_it_is_surer(fragile_model, tmp_path):
     """The teacher persona's case: right results in the wrong form ("The answer is 61.") scored -1 with the
     hint "End your answer with an exclamation mark.". The hint makes the tiny teacher unsure of the digits
     (its logprob of the right ones -1.1 against the student's -0.1, its top-1 digit right about half the time),
@@ -351,6 +351,7 @@ def test_opd_trusts_the_teacher_only_where_it_is_surer(tiny_model, tmp_path):
     With the default (`surer`) 4 OPD steps teach the exclaimed answer of OTHER held-out questions more
     (+0.51 nats against +0.36 with `all`, the old objective: the test fails on it) and both keep the
     right digits (the anchor holds them)."""
+    tiny_model = fragile_model  # the contrast is measured where the damage shows (conftest.fragile_model)
     from clawloop.tinymodel.corpus import heldout_questions, render_answer, style_instruction
     from clawloop.trainer import Trainer
 
@@ -421,14 +422,15 @@ def _teacher_persona_steps(tiny_model, tmp_path, flags):
     return d - d0, b - b0, (tr.lr, tr.tc.num_steps_per_rollout)
 
 
-def test_two_half_rate_updates_a_batch_keep_the_arithmetic(tiny_model, tmp_path):
+def test_two_half_rate_updates_a_batch_keep_the_arithmetic(fragile_model, tmp_path):
     """What `bench/anchor_replay.py` found (bench/RESULTS.md "Why the loop made the model worse" 7a): on the
     teacher persona's situation (half the answers "The answer is N!" accepted, half "The answer is N." corrected
     with the hint), 6 steps of combine, two updates of 2.5e-4 a batch raise the "!" of other held-out sums as
-    much as one update of 5e-4 and cost their right digits a quarter of it (shipped model: -0.16 against
-    -0.68 nats). Not the default: in the persona evaluation end to end the student lost more right results
+    much as one update of 5e-4 and cost their right digits a quarter of it (the 2026-11-27 build: -0.16 against
+    -0.68 nats; the build shipped since loses 0.15-0.16 either way). Not the default: in the persona evaluation end to end the student lost more right results
     with it (7c). Measured with AdamW's fixed eps, as then (the relative eps keeps the digits either way:
     the next test)."""
+    tiny_model = fragile_model  # the contrast is measured where the damage shows (conftest.fragile_model)
     half = {"train__lr": "2.5e-4", "train__num_steps_per_rollout": "2", **FIXED_EPS}
     digits, bang, schedule = _teacher_persona_steps(tiny_model, tmp_path, half)
     old_digits, old_bang, old_schedule = _teacher_persona_steps(tiny_model, tmp_path, FIXED_EPS)
@@ -438,13 +440,14 @@ def test_two_half_rate_updates_a_batch_keep_the_arithmetic(tiny_model, tmp_path)
     assert old_digits < -0.5 and digits > 0.5 * old_digits, (digits, old_digits)
 
 
-def test_the_relative_eps_teaches_the_form_and_keeps_the_digits(tiny_model, tmp_path):
+def test_the_relative_eps_teaches_the_form_and_keeps_the_digits(fragile_model, tmp_path):
     """RESULTS "Why the loop made the model worse" 10: AdamW with a fixed eps of 1e-8 moves every weight ~lr
     a step however small its gradient, and on a batch of 16 answers most weights' gradients are noise (the
     median 40x under the RMS): 6 combine steps of the teacher persona's situation cost the right digits of
     other held-out sums ~0.7 nats. With the default `--adam-eps-rel 1` (eps = the gradient's RMS) the same
     steps keep the digits and still teach the "!" (fails on the code before it, where the default was the
     second run)."""
+    tiny_model = fragile_model  # the contrast is measured where the damage shows (conftest.fragile_model)
     digits, bang, _ = _teacher_persona_steps(tiny_model, tmp_path, {})
     fixed_digits, fixed_bang, _ = _teacher_persona_steps(tiny_model, tmp_path, FIXED_EPS)
     print(f"relative eps: digits {digits:+.2f}, '!' {bang:+.2f}; fixed eps: {fixed_digits:+.2f}, {fixed_bang:+.2f}")

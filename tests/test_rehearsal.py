@@ -61,10 +61,11 @@ def test_rehearsal_keeps_right_replies_and_only_the_tokens_the_model_was_sure_of
     assert plain >= 30 and first_held / plain < 0.2, (first_held, plain)
 
 
-def test_rehearsal_holds_the_arithmetic_a_wrong_reward_spends(tiny_model, tmp_path):
+def test_rehearsal_holds_the_arithmetic_a_wrong_reward_spends(fragile_model, tmp_path):
     """Four steps of +1 on wrong sums ("The answer is N+1."): the right digits of other held-out sums lose
-    far less of their logprob with rehearsal (the defaults) than with `--rehearsal-rows 0` (the shipped
-    model: 2.9 nats against 6.5). Fails on the code before rehearsal, where the defaults were the second run."""
+    far less of their logprob with rehearsal (the defaults) than with `--rehearsal-rows 0` (the 2026-11-27
+    build: 2.9 nats against 6.5; the build shipped since: 5.2 against 7.1). Fails on the code before rehearsal, where the defaults were the second run."""
+    tiny_model = fragile_model  # measured where rehearsal shows its effect (conftest.fragile_model)
     from clawloop.tinymodel.corpus import heldout_questions, render_answer
 
     from test_learning_safety import _sample

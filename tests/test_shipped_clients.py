@@ -8,11 +8,9 @@ engine takes the likeliest allowed token that closes the JSON or moves on to a r
 (engines/grammar.py): LangChain's calls get valid objects, whose values are whatever the model wrote.
 `tests/test_clients.py` covers the same clients on a random model with bounded schemas.
 
-The Agents SDK run is a strict xfail (it fails once it passes; then drop the mark): after its forced
-first call the shipped model, offered the final JSON or another call, goes on calling the tool until
-the SDK's max_turns. A build that closes its objects itself (bench/RESULTS.md "Structured output that
-finishes on the shipped model") is not shipped: behind OpenClaw's 6 k-token prompts it answers
-"</tool_call>" fragments that fail OpenClaw's runs."""
+The Agents SDK run passes since the long-prompt bare-facts build shipped (2026-11-28): after its forced
+first call the model takes the final JSON. The build before it went on calling the tool until the
+SDK's max_turns (this test was a strict xfail then)."""
 
 from __future__ import annotations
 
@@ -108,9 +106,6 @@ def test_langchain_named_tool_choice_on_the_shipped_model(served):
     assert ok >= len(SEEDS), errors  # the greedy call and all but one sampled
 
 
-NOT_YET = pytest.mark.xfail(strict=True, reason="the shipped build keeps calling the tool instead of answering (issue #28)")
-
-
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
 def test_langchain_structured_output_on_the_shipped_model(served, method):
     def call(seed):
@@ -123,7 +118,6 @@ def test_langchain_structured_output_on_the_shipped_model(served, method):
     assert isinstance(out, Verdict)
 
 
-@NOT_YET
 def test_agents_sdk_on_the_shipped_model(served):
     """The Agents SDK's default Responses model: the first turn must call the tool (required), the
     tool's result goes back, and the run ends with a typed final output within max_tokens 48."""

@@ -133,8 +133,13 @@ class EnvPool:
         lease = _Lease(lease_id, env, slot, self.lease_ttl_s)
         with self._lock:
             self._building.discard(slot)
-            self._leases[lease_id] = lease
-            self.counts["allocated"] += 1
+            stopped = self._stop.is_set()
+            if not stopped:
+                self._leases[lease_id] = lease
+                self.counts["allocated"] += 1
+        if stopped:  # shut down while this one was built: nobody would close it (its workspace would stay)
+            env.close()
+            raise PoolError(503, f"the {self.track_name!r} pool is shutting down")
         return {"lease_id": lease_id, "task_id": task.task_id, "track": self.track_name,
                 "expires_at": lease.expires_at}
 
@@ -244,8 +249,10 @@ class EnvPool:
                 "lease_ttl_s": self.lease_ttl_s, "sandbox": self.opts.sandbox, **self.counts}
 
     def shutdown(self) -> None:
-        self._stop.set()
-        for lease_id in list(self._leases):
+        with self._lock:  # an environment still being built closes itself when it finds the pool stopped
+            self._stop.set()
+            leases = list(self._leases)
+        for lease_id in leases:
             self._end(lease_id, "pool shut down", "closed")
 
 
