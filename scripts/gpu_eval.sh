@@ -36,7 +36,7 @@ mkdir -p "$OUT" /tmp/evals
 PY=${PY:-python3}
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl2/*.whl || exit 1
 export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
-{ nvidia-smi -L; nproc; "$PY" -c "import torch, transformers, openai, uvicorn, xgrammar, clawloop.cli, clawloop.eval; print(torch.__version__, transformers.__version__, openai.__version__)"; } \
+{ nvidia-smi -L; env -u OMP_NUM_THREADS nproc; "$PY" -c "import torch, transformers, openai, uvicorn, xgrammar, clawloop.cli, clawloop.eval; print(torch.__version__, transformers.__version__, openai.__version__)"; } \
   > "$OUT/summary.txt" 2>&1 || { cat "$OUT/summary.txt"; exit 1; }
 
 pids=()

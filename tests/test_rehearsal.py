@@ -101,6 +101,31 @@ def test_rehearsal_holds_the_arithmetic_a_wrong_reward_spends(fragile_model, tmp
     assert held > 0.6 * lost, f"with rehearsal the right sums lost {-held:.2f} nats, without {-lost:.2f}"
 
 
+def test_rehearsal_forms_hold_the_content_of_a_bare_answer(tiny_model, tmp_path):
+    """`--rehearsal-forms`: the corpus's sums and facts are also asked in each style and kept only when right
+    and in that style. Asked plainly, a reply's first token is where the model chooses its form and stays
+    free (above); asked for a bare answer, that first token is the result itself and the model is sure of
+    it, so rehearsal holds it: the content of the bare form, which a persona teaching that form would
+    otherwise move (bench/RESULTS.md "Why the loop made the model worse" 12)."""
+    from clawloop.tinymodel.corpus import extract_answer, fits_style
+
+    def bare_first_tokens_held(tr):
+        tok, n = tr.tokenizer, 0
+        for row in tr.rehearsal.rows:
+            text = tok.decode(row.tokens)
+            reply = text.rsplit("assistant\n", 1)[1]
+            if fits_style(reply.split("<|im_end|>", 1)[0], "bare") and extract_answer(reply):
+                n += (len(row.tokens) - len(tok.encode(reply, add_special_tokens=False)) - 1) in row.positions
+        return n
+
+    on, off = (_trainer(tiny_model, tmp_path, **flags) for flags in ({"train__rehearsal_forms": "true"}, {}))
+    styled = [c for c in on.rehearsal.checks if c.group == "styled"]
+    assert len(styled) == 64 and not [c for c in off.rehearsal.checks if c.group == "styled"]  # off by default
+    held_on, held_off = bare_first_tokens_held(on), bare_first_tokens_held(off)
+    print(f"bare answers whose result (their first token) rehearsal holds: {held_on} with forms, {held_off} without")
+    assert held_on >= held_off + 15, (held_on, held_off)
+
+
 def test_rehearsal_leaves_the_methods_own_loss_alone(tiny_model, tmp_path):
     """The first update's objective is computed before rehearsal adds its own term: the same number with it
     on or off (its token-mean is its own, not the batch's)."""

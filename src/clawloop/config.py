@@ -266,9 +266,9 @@ class TrainConfig:
                               flags=("--rehearsal-rows",))
     rehearsal_coef: float = opt(1.0, "Rehearsal's coefficient (reverse KL to the start's top-K).", flags=("--rehearsal-coef",))
     rehearsal_sure: float = opt(0.9, "Rehearsal holds a token the model gave >= this probability.", flags=("--rehearsal-sure",))
+    rehearsal_forms: bool = opt(False, "Tiny model: rehearse its sums and facts asked in each style too.", flags=("--rehearsal-forms",))
     kl_coef: float = opt(0.0, "KL-to-reference coefficient (0: off).", flags=("--kl-coef", "--kl-loss-coef"))
-    kl_type: str = opt("low_var_kl", "KL estimator.", flags=("--kl-loss-type",),
-                       choices=("k1", "k2", "k3", "low_var_kl"))
+    kl_type: str = opt("low_var_kl", "KL estimator.", flags=("--kl-loss-type",), choices=("k1", "k2", "k3", "low_var_kl"))
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", flags=("--entropy-coef",))
     tis_cap: float = opt(2.0, "Truncated importance sampling cap (0: off).")
     max_staleness: int = opt(4, "Mask response tokens more than this many policy versions older than the served one "

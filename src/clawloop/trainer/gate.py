@@ -144,6 +144,25 @@ def builtin_checks(n: int, max_tokens: int, seed: int = BUILTIN_SEED, *, heldout
     return out
 
 
+def styled_checks(n: int, max_tokens: int, seed: int = BUILTIN_SEED) -> list[Check]:
+    """`n` of the corpus's own sums and facts, each asked in a style (every style and placement in turn),
+    passed only when the reply is right and in that style: what rehearsal replays so that the content is
+    held in every form, the bare one included, whose first token is the content itself."""
+    from clawloop.tinymodel import corpus
+
+    qs = corpus.corpus_questions(n, seed=seed)
+    rng = random.Random(f"styled-{seed}")
+    out = []
+    for i, q in enumerate(qs):
+        style = corpus.STYLES[i % len(corpus.STYLES)]
+        placement = corpus.PLACEMENTS[(i // len(corpus.STYLES)) % len(corpus.PLACEMENTS)]
+        msgs = corpus.instruct(q["question"], corpus.style_instruction(style, rng), placement)
+        right, fits = _answer_is(q["answer"]), _fits(style)
+        out.append(Check("styled", msgs, lambda r, right=right, fits=fits: right(r) * fits(r), max_tokens,
+                         f"builtin:styled:{i}"))
+    return out
+
+
 def _answer_is(answer: str) -> Callable[[str], float]:
     from clawloop.tinymodel.corpus import extract_answer
 

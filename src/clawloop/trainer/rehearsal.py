@@ -38,7 +38,7 @@ import torch
 
 from clawloop.losses.topk import topk_distill_loss
 from clawloop.trainer.batch import pad_rows
-from clawloop.trainer.gate import Check, builtin_checks, generate_rows, is_tiny_model, load_regression_set
+from clawloop.trainer.gate import Check, builtin_checks, generate_rows, is_tiny_model, load_regression_set, styled_checks
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ def rehearsal_checks(cfg: Any, model_path: str) -> list[Check]:
     checks: list[Check] = []
     if g.builtin == "on" or (g.builtin == "auto" and is_tiny_model(model_path)):
         checks += builtin_checks(g.builtin_checks, g.max_tokens, seed=SEED, heldout=False)
+        if cfg.train.rehearsal_forms:
+            checks += styled_checks(g.builtin_checks, g.max_tokens, seed=SEED)
     if g.regression_set:
         checks += load_regression_set(g.regression_set, g.max_tokens)
     return checks
