@@ -1,0 +1,63 @@
+"""The README's persona table from `clawloop eval` runs (issue #27 item 6): one row per persona of each run,
+the score with its halves (`correct`, `form`) and `correct` within and outside the persona's form, the
+updates reached, the publish gate's refusals (counted in the run's `up.log`s when its `--data-dir` is
+given) and the run's minutes.
+
+    .venv/bin/python bench/persona_table.py bench/eval_s16_binary_heldout.json:/tmp/X/ev/d_binary_heldout ...
+
+Each argument is `EVAL.json[:DATA_DIR]`; method and wording are read from the file name
+(`..._{method}_{wording}.json`) unless the JSON names them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+HEAD = ("| method | wording | persona | score | correct | form | right in form | right off form | updates (of 16) "
+        "| gate refusals | run minutes |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _arrow(a: float, b: float, delta: bool = False, bold_at: float | None = None) -> str:
+    out = f"{a:.2f} → {b:.2f}"
+    if delta:
+        d = f"{b - a:+.2f}".replace("-", "−")
+        out += f" (**{d}**)" if bold_at is not None and b - a >= bold_at else f" ({d})"
+    return out
+
+
+def refusals(data_dir: str, persona: str) -> str:
+    logs = list(Path(data_dir, persona).rglob("up.log")) if data_dir else []
+    if not logs:
+        return "—"
+    return str(sum(len(re.findall(r"publish gate: refused candidate", p.read_text(errors="replace"))) for p in logs))
+
+
+def rows(arg: str) -> list[str]:
+    path, _, data_dir = arg.partition(":")
+    d = json.loads(Path(path).read_text())
+    m = re.search(r"(?:^|_)(binary|opd|combine)_(corpus|heldout)", Path(path).stem)
+    method, wording = d.get("method") or (m and m.group(1)) or "?", d.get("wording") or (m and m.group(2)) or "?"
+    out = []
+    for name, p in d["personas"].items():
+        out.append("| " + " | ".join([
+            method, wording, name, _arrow(p["before"], p["after"], True, 0.25),
+            _arrow(p["correct_before"], p["correct_after"], True), _arrow(p["form_before"], p["form_after"]),
+            _arrow(p["correct_in_form_before"], p["correct_in_form_after"]),
+            _arrow(p["correct_off_form_before"], p["correct_off_form_after"]),
+            str(p["updates"]), refusals(data_dir, name), f"{d.get('minutes', 0):.1f}"]) + " |")
+    return out
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        raise SystemExit(__doc__)
+    print(HEAD)
+    for a in argv:
+        print("\n".join(rows(a)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
