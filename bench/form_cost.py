@@ -21,8 +21,10 @@ Settings (comma separated; `+` joins several): `default`; `relX` (`--adam-eps-re
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -34,6 +36,13 @@ from clawloop.records import Sample
 from clawloop.tinymodel.corpus import extract_answer, fits_style, heldout_questions, sample_question
 from clawloop.trainer.gate import Check, generate_rows
 
+
+
+def _scratch(prefix: str) -> str:
+    """A data dir for one trainer, removed when the process exits (the trainer writes nothing kept)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 def _checks(qs: list[dict[str, str]]) -> list[Check]:
     return [Check("q", [{"role": "user", "content": q["question"]}], lambda r: 0.0, 24, str(i))
@@ -91,7 +100,7 @@ def run(model: str, style: str, method: str, setting: str, updates: int, batch: 
     from clawloop.trainer.rehearsal import Rehearsal
 
     flags, opt = setting_flags(setting)
-    values = {"model__path": model, "data_dir": tempfile.mkdtemp(prefix="form-cost-"), "serve__gc_freeze": "false",
+    values = {"model__path": model, "data_dir": _scratch("form-cost-"), "serve__gc_freeze": "false",
               "train__method": method, "train__rollout_batch_size": str(batch), **flags}
     cfg = load_config(values, env={})
     torch.manual_seed(seed)

@@ -11,6 +11,8 @@ than on the others is a harder draw for it; one on which every trained model fal
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import sys
 import tempfile
 
@@ -21,10 +23,17 @@ from clawloop.config import load_config
 from clawloop.trainer.gate import PublishGate, gate_checks
 
 
+
+def _scratch(prefix: str) -> str:
+    """A data dir for one trainer, removed when the process exits (the trainer writes nothing kept)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
 def main(paths: list[str]) -> None:
     torch.set_num_threads(2)
     base = paths[0]
-    cfg = load_config({"model__path": base, "data_dir": tempfile.mkdtemp(prefix="gate-rounds-"),
+    cfg = load_config({"model__path": base, "data_dir": _scratch("gate-rounds-"),
                        "serve__gc_freeze": "false"}, env={})
     gate = PublishGate.from_config(cfg, gate_checks(cfg, base))
     tok = AutoTokenizer.from_pretrained(base)

@@ -27,8 +27,10 @@ the evaluation's own `correct` and the publish gate are the measure; this says w
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -46,6 +48,13 @@ from clawloop.tinymodel.build import default_model_dir  # noqa: E402
 from clawloop.tinymodel.corpus import heldout_questions  # noqa: E402
 from clawloop.trainer.loop import has_signal  # noqa: E402
 
+
+
+def _scratch(prefix: str) -> str:
+    """A data dir for one trainer, removed when the process exits (the trainer writes nothing kept)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 def read_turns(db: str, tok, relabel: bool) -> list[tuple[str, Sample]]:
     """(kind, sample) of every judged main turn of the run's training sessions, in judgement order."""
@@ -81,7 +90,7 @@ def replay(model: str, rows: list[tuple[str, Sample]], only: str, setting: str, 
     from clawloop.trainer.rehearsal import Rehearsal
 
     flags, _ = setting_flags(setting)
-    cfg = load_config({"model__path": model, "data_dir": tempfile.mkdtemp(prefix="replay-"),
+    cfg = load_config({"model__path": model, "data_dir": _scratch("replay-"),
                        "serve__gc_freeze": "false", "train__method": method,
                        "train__rollout_batch_size": str(batch), **flags}, env={})
     torch.manual_seed(0)

@@ -111,10 +111,22 @@ def test_tool_error_hint_quotes_the_error_line():
     ("you forgot to close the file", "Don't forget to close the file."),
     ("can you make it shorter?", "Keep the answer shorter and simpler."),
     ("try again", None),
+    ("That is incorrect, try again.", None),  # no direction: a teacher told only this avoids its best guess
+    ("No, that's not right.", None),
     ("Bitte nur die Zahl.", corpus.style_instruction("bare")),
 ])
 def test_hint_from_correction(text, hint):
     assert hint_from_correction(text) == hint
+
+
+def test_a_rejection_that_asks_the_question_again_has_no_hint():
+    """"That is incorrect, try again." plus the question asked again says nothing a teacher could follow; the
+    hinted tiny model, told its previous answer was wrong without being shown it, named the right fact or
+    result for 2 of 32 questions (bench/hint_teacher.py, RESULTS "Why the loop made the model worse" 13)."""
+    q = "What is the opposite of open?"
+    assert hint_from_correction(f"That is incorrect, try again. {q}", q) is None
+    assert hint_from_correction(f"That is incorrect, try again. {q}") is not None  # not the question asked
+    assert hint_from_correction("That's wrong. Please answer in a full sentence.") == "Reply in a full sentence."
 
 
 def test_generic_correction_quotes_the_user():

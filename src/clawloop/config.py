@@ -1,16 +1,14 @@
 """The one config tree. Defaults live here and nowhere else.
 
-Sources, lowest to highest precedence: defaults → YAML file (`--config`) →
-environment variables → command-line flags. Every field has one canonical
-flag (`--port`) and may have aliases that users of OpenClaw-RL and slime
-already type (`OPENCLAW_PORT`, `--model-path`, `MAJORITY_VOTE_N`, …). The
-env vars `ROLLOUT_ARGS`, `OPTIMIZER_ARGS`, `LORA_ARGS` and `CKPT_ARGS` hold
-strings of flags, as the public launch scripts pass them; they are parsed like
-flags but rank with the environment.
+Sources, lowest to highest precedence: defaults → YAML file (`--config`) → environment variables →
+command-line flags. Every field has one canonical flag (`--port`) and may have aliases that users of
+OpenClaw-RL and slime already type (`OPENCLAW_PORT`, `--model-path`, `MAJORITY_VOTE_N`, …). The env vars
+`ROLLOUT_ARGS`, `OPTIMIZER_ARGS`, `LORA_ARGS` and `CKPT_ARGS` hold strings of flags, as the public launch
+scripts pass them; they are parsed like flags but rank with the environment.
 
-An unknown YAML key, flag or flag inside one of those env strings is an error
-that names it. Names we recognise but do not implement are refused with a
-message that says what to use instead; nothing is accepted and ignored.
+An unknown YAML key, flag or flag inside one of those env strings is an error that names it. Names we
+recognise but do not implement are refused with a message that says what to use instead; nothing is
+accepted and ignored.
 
     cfg = load_config(["--port", "9000"])     # the CLI does this
     cfg.serve.port                              # 9000
@@ -211,9 +209,9 @@ class TrainConfig:
                                  "uncertain right ones (the digits of a right result in the wrong form); with a "
                                  "teacher (opd, combine) the OPD term says where. 1: as it is.",
                                  flags=("--negative-weight",))
-    retry_weight: float = opt(1.0, "RL weight of an answer given right after a correction (the previous turn judged "
-                              "negative): it does what the user just asked. 0: the form from first answers alone "
-                              "(faster; costs less where the form is no harder for the model: RESULTS 11).",
+    retry_weight: float = opt(0.0, "RL weight of an answer given right after a correction (the previous turn judged "
+                              "negative): it does what the user just asked, under words the user will not repeat. 0: the form "
+                              "from first answers alone (what kept the student's facts: RESULTS 13). 1: as any answer.",
                               flags=("--retry-weight",))
     baseline_window: int = opt(256, "How many recent rewards the mean baseline averages: every judged turn the "
                                     "trainer read, trained on or not.", flags=("--baseline-window",))
@@ -260,10 +258,11 @@ class TrainConfig:
                                  "digits) where they were, at --anchor-rl-coef. Off by default: it also held a random model "
                                  "against a synthetic reward (bench/RESULTS.md).", flags=("--anchor-rl",))
     anchor_rl_coef: float = opt(1.0, "--anchor-rl's coefficient.", flags=("--anchor-rl-coef",))
-    rehearsal_rows: int = opt(8, "Rehearsal (`trainer/rehearsal.py`): replies the model got right at start (checks like "
-                              "the gate's, on the corpus's own sums for the tiny model, and --regression-set) replayed "
-                              "each update, holding the tokens it was sure of; rows per update, 0: off.",
-                              flags=("--rehearsal-rows",))
+    rehearsal_rows: int = opt(32, "Rehearsal (`trainer/rehearsal.py`): replies the model got right at start (checks like the gate's, "
+                              "the tiny model's corpus sums, --regression-set) replayed each update, holding the tokens it was "
+                              "sure of; rows per update, 0: off.", flags=("--rehearsal-rows",))
+    rehearsal_choices: float = opt(0.05, "Rehearsal also holds where the model chose (the first token): mass moves freely "
+                                   "among its tokens >= this x its top one's there, not to the rest. 0: off.", flags=("--rehearsal-choices",))
     rehearsal_coef: float = opt(1.0, "Rehearsal's coefficient (reverse KL to the start's top-K).", flags=("--rehearsal-coef",))
     rehearsal_sure: float = opt(0.9, "Rehearsal holds a token the model gave >= this probability.", flags=("--rehearsal-sure",))
     rehearsal_forms: bool = opt(False, "Tiny model: rehearse its sums and facts asked in each style too.", flags=("--rehearsal-forms",))
@@ -806,6 +805,7 @@ def validate_train(t: TrainConfig, need: Any) -> None:
     for key in ("negative_weight", "retry_weight"):
         need(0 <= getattr(t, key) <= 1, f"train.{key}", "must be in [0, 1]")
     need(0 < t.rehearsal_sure <= 1, "train.rehearsal_sure", "must be in (0, 1]")
+    need(0 <= t.rehearsal_choices < 1, "train.rehearsal_choices", "must be in [0, 1)")
     need(t.opd_target != "advantage" or t.distill_topk == 0, "train.distill_topk",
          "does nothing with --opd-target advantage (the per-token advantage uses no top-K); use --opd-target topk")
     need(0 < t.opd_nucleus_p <= 1, "train.opd_nucleus_p", "must be in (0, 1]")

@@ -58,8 +58,14 @@ def topk_distill_loss(
     tail_floor: float = 1e-8,
     agg: str = "token-mean",
     denominator: float | int | torch.Tensor | None = None,
+    merged: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Reverse KL(student || teacher) over the teacher's top-K tokens (+ tail), per token.
+
+    `merged` (B, T, K) bool: the top-K tokens of each position that count as one bucket (their summed
+    probability on both sides), so mass moves freely among them and only to or from the other buckets
+    costs (rehearsal's choosing positions, `trainer/rehearsal.py`). None, or no merged token at a
+    position: every token its own bucket. Needs `tail`.
 
     `student_logits` (B, T, V) carries the gradient; `teacher_topk_ids` (B, T, K)
     long and `teacher_topk_logprobs` (B, T, K) are the teacher's top-K at each
@@ -97,7 +103,21 @@ def topk_distill_loss(
         s_logq = torch.log_softmax(s_top, dim=-1)  # (B, T, K)
         t_logq = torch.log_softmax(t_top, dim=-1)  # (B, T, K)
 
-    kl = (s_logq.exp() * (s_logq - t_logq)).sum(dim=-1)  # (B, T)
+    if merged is not None and tail:
+        m = merged.bool() & vk  # (B, T, K)
+        if tuple(m.shape) != tuple(ids.shape):
+            raise ValueError(f"merged {tuple(merged.shape)} must match the top-K ids {tuple(ids.shape)}")
+        each = torch.cat([~m, torch.ones_like(m[..., :1])], dim=-1)  # (B, T, K+1) tokens kept as buckets, tail
+        terms = torch.where(each, s_logq.exp() * (s_logq - t_logq), torch.zeros((), dtype=s_logq.dtype,
+                                                                                  device=valid.device))
+        floor = torch.full((), -1e4, dtype=s_top.dtype, device=valid.device)  # finite: no NaN gradient
+        s_m = torch.logsumexp(torch.where(m, s_top, floor), dim=-1)  # (B, T) the merged bucket
+        t_m = torch.logsumexp(torch.where(m, t_top, floor), dim=-1)  # (B, T)
+        bucket = torch.where(m.any(-1), s_m.exp() * (s_m - t_m), torch.zeros((), dtype=s_m.dtype,
+                                                                              device=valid.device))  # (B, T)
+        kl = terms.sum(dim=-1) + bucket  # (B, T)
+    else:
+        kl = (s_logq.exp() * (s_logq - t_logq)).sum(dim=-1)  # (B, T)
     loss = aggregate(kl, valid, agg, fixed_denominator=denominator)
 
     with torch.no_grad():

@@ -14,7 +14,11 @@ RL for the same reason). What is replayed here is what the model could do when t
 - Within each kept reply only the positions the model was **sure** of (its probability of the token it
   wrote at least `sure`) are held: the digits after "The answer is", the name of a capital, the rest of
   a word. Where it was choosing (the first token, which decides the form; "." or "!" at the end) it is
-  left free, since that is what users' feedback may teach. The base distribution there is kept as its
+  left free, since that is what users' feedback may teach; with `choices` > 0 (`--rehearsal-choices`) it is
+  held loosely: the tokens the model found plausible there (probability >= choices x its top token's:
+  "The", "the", "THE" and "London" after "What is the capital of England?") are one bucket, so the form
+  may move among them, while the implausible ones ("Rome") stay where they were; a student's training
+  moved the tiny model to bare answers that named another question's fact. The base distribution is kept as its
   top-K (`topk` ids and logprobs, a tail bucket for the rest: `losses/topk.py`), so nothing but the
   policy runs per step and a real model's vocabulary costs K numbers a position.
 - Each optimizer update adds `coef` x the reverse KL from the policy to those top-K distributions on
@@ -28,6 +32,7 @@ Stats: train/rehearsal_kl (before the update, the mean KL on the rows drawn), tr
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from contextlib import nullcontext
@@ -56,6 +61,8 @@ class Row:
     """(n, K) long: the base distribution's K most likely ids at each of `positions`."""
     topk_lp: torch.Tensor
     """(n, K) float: their logprobs."""
+    merged: torch.Tensor | None = None
+    """(n, K) bool: at a choosing position, the tokens the model found plausible there (one bucket)."""
 
 
 def rehearsal_checks(cfg: Any, model_path: str) -> list[Check]:
@@ -76,12 +83,15 @@ class Rehearsal:
     """Rows built once (`build`), a loss per optimizer update (`loss`)."""
 
     def __init__(self, checks: list[Check], *, rows: int, coef: float, sure: float, samples: int = 2,
-                 topk: int = 16, batch_size: int = 64, seed: int = SEED):
+                 topk: int = 16, batch_size: int = 64, seed: int = SEED, choices: float = 0.0):
         if rows < 1 or coef < 0 or not 0.0 < sure <= 1.0 or samples < 1 or topk < 1:
             raise ValueError(f"rehearsal: rows >= 1, coef >= 0, 0 < sure <= 1, samples >= 1, topk >= 1; got "
                              f"{rows}, {coef}, {sure}, {samples}, {topk}")
         self.checks, self.n_rows, self.coef, self.sure = checks, rows, float(coef), float(sure)
         self.samples, self.topk, self.batch_size, self.seed = samples, topk, batch_size, seed
+        if not 0.0 <= choices < 1.0:
+            raise ValueError(f"rehearsal: choices must be in [0, 1), got {choices}")
+        self.choices = float(choices)
         self.rows: list[Row] = []
         self.order: list[int] = []
         self.next = 0
@@ -96,7 +106,7 @@ class Rehearsal:
         if not checks:
             return None
         return cls(checks, rows=t.rehearsal_rows, coef=t.rehearsal_coef, sure=t.rehearsal_sure,
-                   batch_size=cfg.gate.batch_size)
+                   batch_size=cfg.gate.batch_size, choices=t.rehearsal_choices)
 
     def build(self, trainer: Any) -> None:
         """Answer the checks with the trainer's weights as they are now and keep the right replies' sure
@@ -124,8 +134,10 @@ class Rehearsal:
         random.Random(self.seed).shuffle(order := list(range(len(self.rows))))
         self.order, self.next = order, 0
         held = sum(len(r.positions) for r in self.rows)
+        choosing = sum(int(r.merged.any(-1).sum()) for r in self.rows if r.merged is not None)
         self.info = {"rehearsal/replies": float(len(asked)), "rehearsal/right": float(len(right)),
                      "rehearsal/rows": float(len(self.rows)), "rehearsal/held_positions": float(held),
+                     "rehearsal/choosing_positions": float(choosing),
                      "rehearsal/build_s": time.perf_counter() - t0}
         if not self.rows:
             log.warning("rehearsal: none of %d replies at start was right with a sure token: nothing to rehearse",
@@ -143,11 +155,17 @@ class Rehearsal:
         first = len(prompt) - 1  # position predicting the first reply token
         targets = torch.tensor(tokens[1:], device=device)  # (L-1,)
         lp = logp.gather(-1, targets[:, None]).squeeze(-1)  # (L-1,)
-        positions = [i for i in range(first, len(tokens) - 1) if float(lp[i].exp()) >= self.sure]
-        if not positions:
+        sure = [float(lp[i].exp()) >= self.sure for i in range(first, len(tokens) - 1)]
+        positions = [i for i, s in zip(range(first, len(tokens) - 1), sure) if s or self.choices > 0]
+        if not any(sure):
             return None
         top = logp[positions].topk(min(self.topk, logp.shape[-1]), dim=-1)  # (n, K)
-        return Row(tokens, positions, top.indices.cpu(), top.values.cpu())
+        merged = None
+        if self.choices > 0:  # where it chose: its plausible tokens one bucket (the form free, the rest held)
+            choosing = torch.tensor([not s for s in sure], device=top.values.device)  # (n,)
+            plausible = top.values >= top.values[:, :1] + math.log(self.choices)  # (n, K)
+            merged = (plausible & choosing[:, None]).cpu()  # (n, K)
+        return Row(tokens, positions, top.indices.cpu(), top.values.cpu(), merged)
 
     def draw(self) -> list[Row]:
         """The next `rows` rows in the shuffled order, starting over when it runs out."""
@@ -171,14 +189,25 @@ class Rehearsal:
         mask = torch.zeros((B, W), dtype=torch.long, device=device)  # (B, W)
         ids = torch.zeros((B, W, K), dtype=torch.long, device=device)  # (B, W, K)
         lps = torch.full((B, W, K), -30.0, dtype=torch.float32, device=device)  # (B, W, K)
+        merged = torch.zeros((B, W, K), dtype=torch.bool, device=device) if self.choices > 0 else None
         for b, r in enumerate(rows):
             pos = torch.tensor(r.positions, device=device) - a  # (n,)
             mask[b, pos] = 1
             ids[b, pos] = r.topk_ids.to(device)
             lps[b, pos] = r.topk_lp.to(device)
+            if merged is not None and r.merged is not None:
+                merged[b, pos] = r.merged.to(device)
         ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
         with ctx:
             logits = model(input_ids=tokens[:, :e + 1], attention_mask=attn[:, :e + 1]).logits[:, a:e]  # (B, W, V)
-        kl, s = topk_distill_loss(logits.float(), ids, lps, mask, agg="token-mean")
+        if merged is None:
+            kl, s = topk_distill_loss(logits.float(), ids, lps, mask, agg="token-mean")
+        else:  # the choosing positions (~1 in 6) a mean of their own: beside the sure ones they would vanish
+            choosing = merged.any(-1)  # (B, W)
+            kl, s = topk_distill_loss(logits.float(), ids, lps, mask * ~choosing, agg="token-mean")
+            if bool(choosing.any()):
+                kc, sc = topk_distill_loss(logits.float(), ids, lps, mask * choosing, agg="token-mean", merged=merged)
+                kl = kl + kc
+                s = {"train/topk_kl": s["train/topk_kl"] + sc["train/topk_kl"]}
         return self.coef * kl, {"train/rehearsal_kl": s.get("train/topk_kl", float(kl.detach())),
                                 "train/rehearsal_rows": float(B)}
