@@ -96,8 +96,8 @@ def test_rehearsal_holds_the_arithmetic_a_wrong_reward_spends(fragile_model, tmp
             stats = tr.step(list(batch))
         return digits_logprob(tr, probes) - before, stats
 
-    held, stats = run(train__rehearsal_rows="8")  # 8 rows an update: the default (32) holds each row a quarter
-    assert stats["train/rehearsal_rows"] == 8 and stats["train/rehearsal_kl"] > 0, stats  # as hard: 3.1 nats
+    held, stats = run(train__rehearsal_rows="8")  # the default; 32 rows hold each row a quarter as hard: 3.1 nats
+    assert stats["train/rehearsal_rows"] == 8 and stats["train/rehearsal_kl"] > 0, stats
     lost, stats_off = run(train__rehearsal_rows="0")
     assert "train/rehearsal_kl" not in stats_off
     assert lost < -0.5, f"the wrong reward was expected to cost the right sums, got {lost:.2f} nats"

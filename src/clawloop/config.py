@@ -258,7 +258,7 @@ class TrainConfig:
                                  "digits) where they were, at --anchor-rl-coef. Off by default: it also held a random model "
                                  "against a synthetic reward (bench/RESULTS.md).", flags=("--anchor-rl",))
     anchor_rl_coef: float = opt(1.0, "--anchor-rl's coefficient.", flags=("--anchor-rl-coef",))
-    rehearsal_rows: int = opt(32, "Rehearsal (`trainer/rehearsal.py`): replies the model got right at start (checks like the gate's, "
+    rehearsal_rows: int = opt(8, "Rehearsal (`trainer/rehearsal.py`): replies the model got right at start (checks like the gate's, "
                               "the tiny model's corpus sums, --regression-set) replayed each update, holding the tokens it was "
                               "sure of; rows per update, 0: off.", flags=("--rehearsal-rows",))
     rehearsal_choices: float = opt(0.05, "Rehearsal also holds where the model chose (the first token): mass moves freely "
