@@ -4,7 +4,7 @@ thread (the trainer's default `train.threads`).
 
 The step is 8 samples (tiny-model answers to held-out sums, half scored +1, half -1); rehearsal adds
 `--rehearsal-rows` (8, the default) replayed rows per optimizer update, with the choosing positions
-(`--rehearsal-choices`, on by default since 2026-11-28). The two steps alternate, `--repeats` times
+(`--rehearsal-choices`, off by default; this bench's 2026-11-28 figures had it at 0.05). The two steps alternate, `--repeats` times
 each, from the same weights (restored between steps), so load on the machine hits both alike.
 
     .venv/bin/python bench/rehearsal_cost.py [--repeats 7]

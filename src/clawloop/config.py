@@ -209,9 +209,9 @@ class TrainConfig:
                                  "uncertain right ones (the digits of a right result in the wrong form); with a "
                                  "teacher (opd, combine) the OPD term says where. 1: as it is.",
                                  flags=("--negative-weight",))
-    retry_weight: float = opt(0.0, "RL weight of an answer given right after a correction (the previous turn judged "
+    retry_weight: float = opt(1.0, "RL weight of an answer given right after a correction (the previous turn judged "
                               "negative): it does what the user just asked, under words the user will not repeat. 0: the form "
-                              "from first answers alone (what kept the student's facts: RESULTS 13). 1: as any answer.",
+                              "from first answers alone (with --rehearsal-choices it kept the student's facts: RESULTS 13).",
                               flags=("--retry-weight",))
     baseline_window: int = opt(256, "How many recent rewards the mean baseline averages: every judged turn the "
                                     "trainer read, trained on or not.", flags=("--baseline-window",))
@@ -261,8 +261,8 @@ class TrainConfig:
     rehearsal_rows: int = opt(8, "Rehearsal (`trainer/rehearsal.py`): replies the model got right at start (checks like the gate's, "
                               "the tiny model's corpus sums, --regression-set) replayed each update, holding the tokens it was "
                               "sure of; rows per update, 0: off.", flags=("--rehearsal-rows",))
-    rehearsal_choices: float = opt(0.05, "Rehearsal also holds where the model chose (the first token): mass moves freely "
-                                   "among its tokens >= this x its top one's there, not to the rest. 0: off.", flags=("--rehearsal-choices",))
+    rehearsal_choices: float = opt(0.0, "Rehearsal also holds where the model chose (the first token): mass moves freely among "
+                                   "its tokens >= this x its top one's there, not to the rest (RESULTS 13). 0: off.", flags=("--rehearsal-choices",))
     rehearsal_coef: float = opt(1.0, "Rehearsal's coefficient (reverse KL to the start's top-K).", flags=("--rehearsal-coef",))
     rehearsal_sure: float = opt(0.9, "Rehearsal holds a token the model gave >= this probability.", flags=("--rehearsal-sure",))
     rehearsal_forms: bool = opt(False, "Tiny model: rehearse its sums and facts asked in each style too.", flags=("--rehearsal-forms",))
