@@ -15,6 +15,7 @@ import re
 import textwrap
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -501,20 +502,25 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
     server = ServerThread(app).start()
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
-        probe = [q for q in heldout_questions(40, seed=11) if q["skill"] != "fact"][:24]
+        # 128 held-out sums, none of them the gate's or the users': a fixed set of 24 (this test until the
+        # eighteenth session) lost about twice what the population of sums lost (damage concentrates on some
+        # sums), so it failed on versions the gate rightly passed (bench/RESULTS.md "Why the loop made the
+        # model worse" 14).
+        probe = [q for q in heldout_questions(260, seed=11) if q["skill"] != "fact"][:128]
 
         def correctness() -> tuple[float, set[str]]:
             """Sampled as users get it (T=1), 4 fixed seeds a question: the same random numbers before and after
             (a greedy probe of 16 flipped 4-5 answers on versions the sampled gate rightly passed)."""
-            right, versions = 0, set()
-            for q in probe:
-                for seed in range(4):
-                    r = client.chat.completions.with_raw_response.create(
-                        model="m", messages=[{"role": "user", "content": q["question"]}], max_tokens=12,
-                        temperature=1.0, seed=seed)
-                    versions.add(r.headers["x-policy-version"])
-                    right += extract_answer(r.parse().choices[0].message.content) == q["answer"]
-            return right / (4 * len(probe)), versions
+            def one(job: tuple[dict, int]) -> tuple[bool, str]:
+                q, seed = job
+                r = client.chat.completions.with_raw_response.create(
+                    model="m", messages=[{"role": "user", "content": q["question"]}], max_tokens=12,
+                    temperature=1.0, seed=seed)
+                return extract_answer(r.parse().choices[0].message.content) == q["answer"], r.headers["x-policy-version"]
+
+            with ThreadPoolExecutor(8) as ex:  # batched by the engine: 512 replies in a few seconds
+                got = list(ex.map(one, [(q, seed) for q in probe for seed in range(4)]))
+            return sum(ok for ok, _ in got) / len(got), {v for _, v in got}
 
         deadline = time.time() + 60
         while parts.trainer is None or parts.trainer.gate.snapshot is None:  # baseline measured
@@ -569,8 +575,10 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
         assert len(refusals) >= 2 and all(s < b - cfg.gate.tolerance for s, b in refusals), refusals
         after, versions = correctness()
         assert versions == {str(eng.policy_version)}
-        # The gate allows --regression-tolerance (0.05) on its own 16 x 4 replies; these are other questions.
-        assert after == before if passed == 0 else after >= before - 0.1, (before, after)
+        # The gate allows --regression-tolerance (0.05) on its own round of 64 sums x 4 replies; these are other
+        # questions (with no version passed the served weights are v0's: the version checks above say so, and
+        # the engine's batching of concurrent requests may change a sampled token, so no equality here).
+        assert after >= before - 0.1, (before, after, passed)
 
         health = httpx.get(server.url + "/health").json()
         assert health["gate"]["refused"] >= 2
