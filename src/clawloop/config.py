@@ -209,7 +209,7 @@ class TrainConfig:
                                  "uncertain right ones (the digits of a right result in the wrong form); with a "
                                  "teacher (opd, combine) the OPD term says where. 1: as it is.",
                                  flags=("--negative-weight",))
-    retry_weight: float = opt(1.0, "RL weight of an answer given right after a correction (the previous turn judged "
+    retry_weight: float = opt(0.0, "RL weight of an answer given right after a correction (the previous turn judged "
                               "negative): it does what the user just asked, under words the user will not repeat. 0: the form "
                               "from first answers alone (with --rehearsal-choices it kept the student's facts: RESULTS 13).",
                               flags=("--retry-weight",))
@@ -258,10 +258,10 @@ class TrainConfig:
                                  "digits) where they were, at --anchor-rl-coef. Off by default: it also held a random model "
                                  "against a synthetic reward (bench/RESULTS.md).", flags=("--anchor-rl",))
     anchor_rl_coef: float = opt(1.0, "--anchor-rl's coefficient.", flags=("--anchor-rl-coef",))
-    rehearsal_rows: int = opt(8, "Rehearsal (`trainer/rehearsal.py`): replies the model got right at start (checks like the gate's, "
+    rehearsal_rows: int = opt(32, "Rehearsal (`trainer/rehearsal.py`): replies the model got right at start (checks like the gate's, "
                               "the tiny model's corpus sums, --regression-set) replayed each update, holding the tokens it was "
                               "sure of; rows per update, 0: off.", flags=("--rehearsal-rows",))
-    rehearsal_choices: float = opt(0.0, "Rehearsal also holds where the model chose (the first token): mass moves freely among "
+    rehearsal_choices: float = opt(0.05, "Rehearsal also holds where the model chose (the first token): mass moves freely among "
                                    "its tokens >= this x its top one's there, not to the rest (RESULTS 13). 0: off.", flags=("--rehearsal-choices",))
     rehearsal_coef: float = opt(1.0, "Rehearsal's coefficient (reverse KL to the start's top-K).", flags=("--rehearsal-coef",))
     rehearsal_sure: float = opt(0.9, "Rehearsal holds a token the model gave >= this probability.", flags=("--rehearsal-sure",))
