@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 HEAD = ("| method | wording | persona | score | correct | form | right in form | right off form | updates (of 16) "
-        "| gate refusals | run minutes |\n|---|---|---|---|---|---|---|---|---|---|---|")
+        "| gate refusals | run minutes | its sums | other sums |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _arrow(a: float, b: float, delta: bool = False, bold_at: float | None = None) -> str:
@@ -47,7 +47,11 @@ def rows(arg: str) -> list[str]:
             _arrow(p["correct_before"], p["correct_after"], True), _arrow(p["form_before"], p["form_after"]),
             _arrow(p["correct_in_form_before"], p["correct_in_form_after"]),
             _arrow(p["correct_off_form_before"], p["correct_off_form_after"]),
-            str(p["updates"]), refusals(data_dir, name), f"{d.get('minutes', 0):.1f}"]) + " |")
+            str(p["updates"]), refusals(data_dir, name), f"{d.get('minutes', 0):.1f}",
+            _arrow(p["correct_sums_before"], p["correct_sums_after"], True) if "correct_sums_after" in p else "—",
+            # `clawloop eval --wide-sums`: other held-out sums beside the fixed problems' (RESULTS 14)
+            _arrow(p["correct_wide_before"], p["correct_wide_after"], True) if "correct_wide_after" in p else "—"])
+            + " |")
     return out
 
 

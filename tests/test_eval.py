@@ -84,7 +84,8 @@ def test_personas_before_and_after_training_with_built_in_users(tmp_path):
     train it for an update, measures again at a newer policy version; JSON + PNG."""
     out = tmp_path / "eval.json"
     r = run_cli("eval", "--personas", "student,teacher", "--problems", "8", "--samples-per-problem", "1",
-                "--train-updates", "1", "--batch-size", "8", "--out", str(out), "--data-dir", str(tmp_path / "runs"), timeout=400)
+                "--train-updates", "1", "--batch-size", "8", "--wide-sums", "16", "--out", str(out), "--data-dir",
+                str(tmp_path / "runs"), timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(out.read_text())
     assert res["mode"] == "personas" and set(res["personas"]) == {"student", "teacher"}
@@ -93,6 +94,10 @@ def test_personas_before_and_after_training_with_built_in_users(tmp_path):
         # `correct` per kind of question: the 8 problems are 6 sums and 2 facts, weighted so in the whole
         assert p["correct_before"] == pytest.approx((6 * p["correct_sums_before"] + 2 * p["correct_facts_before"]) / 8)
         assert p["updates"] >= 1 and p["after"] is not None
+        # 16 other held-out sums x 2 beside the fixed problems, before and at the end (a version past the start)
+        assert p["wide_sums"] == 16 and 0.0 <= p["correct_wide_before"] <= 1.0 and 0.0 <= p["correct_wide_after"] <= 1.0
+        assert p["correct_wide_version"] >= p["curve"][-1]["policy_version"]
+        assert f"correct_wide={p['correct_wide_before']:.2f}->{p['correct_wide_after']:.2f}" in r.stdout
         assert p["curve"][-1]["policy_version"] > p["policy_version_before"]
         assert p["users"]["answers"] > 0
         # the users' conversations went through that persona's own clawloop and were captured there

@@ -179,6 +179,34 @@ class Measure:
                             for (k, _), p, (s, _, a) in zip(jobs, probs, out)]}
 
 
+def wide_sums(client: Any, problems_asked: list[dict[str, str]], n: int, seed: int, max_tokens: int,
+              samples: int = 2, parallel: int = 8) -> dict[str, Any] | None:
+    """`correct` on `n` other held-out sums (`samples` seeded replies each at T=1, asked plainly, side turns):
+    the persona measure's 24 sums are a fixed set, and a fixed set of 24 lost 1.6x what the sums at large lost
+    on versions the gate passed (bench/RESULTS.md "Why the loop made the model worse" 14); this says which
+    of the two a drop of `correct_sums` is. None with n 0."""
+    if n <= 0:
+        return None
+    from clawloop.tinymodel.corpus import extract_answer, heldout_questions
+
+    asked = {p["question"] for p in problems_asked}
+    pool = [q for q in heldout_questions(2 * n + 8, seed=seed) if q["skill"] != "fact" and q["question"] not in asked]
+    jobs = [(q, j) for q in pool[:n] for j in range(samples)]
+
+    def one(job: tuple[dict[str, str], int]) -> tuple[bool, int]:
+        q, j = job
+        raw = client.chat.completions.with_raw_response.create(
+            model="clawloop", messages=[{"role": "user", "content": q["question"]}], max_tokens=max_tokens,
+            temperature=1.0, seed=seed + j, extra_headers={"X-Turn-Type": "side", "X-Session-Id": "eval-wide"})
+        answer = raw.parse().choices[0].message.content or ""
+        return extract_answer(answer) == q["answer"], int(raw.headers.get("x-policy-version", -1))
+
+    with ThreadPoolExecutor(parallel) as ex:
+        got = list(ex.map(one, jobs))
+    return {"correct": sum(ok for ok, _ in got) / len(got), "sums": len(jobs) // samples, "samples": samples,
+            "policy_version": max(v for _, v in got)}
+
+
 def make_user(persona: Persona, a: argparse.Namespace, client_for: Any) -> User:
     if a.user_model_url:
         return LLMUser(persona, client_for(a.user_model_url), a.user_model)
@@ -270,6 +298,8 @@ def run_personas(a: argparse.Namespace, client_for: Any) -> dict[str, Any]:
             measure = Measure(persona, user, rater, problems(a.problem_set, a.problems, a.seed), a.seed + 10_000,
                               a.max_tokens, samples=a.samples_per_problem)
             before = measure(client, "before")
+            wide = a.wide_sums if a.problem_set == "tiny" else 0
+            wide_before = wide_sums(client, measure.problems, wide, a.seed + 20_000, a.max_tokens)
             try:
                 trains = a.train_updates > 0 and policy_version(url) >= 0
             except Exception:  # noqa: BLE001 - not a clawloop: no policy version, measured once
@@ -277,6 +307,7 @@ def run_personas(a: argparse.Namespace, client_for: Any) -> dict[str, Any]:
                 print(f"eval: {url} reports no policy version; measured once, not trained", flush=True)
             curve, stats = train_persona(a, url, client, persona, user, measure, time.time()) if trains else ([], {})
             after = curve[-1]["score"] if curve else None
+            wide_after = wide_sums(client, measure.problems, wide, a.seed + 20_000, a.max_tokens) if curve else None
             rec = {"before": before["score"], "after": after, "updates": curve[-1]["updates"] if curve else 0,
                    **{f"{k}_before": before[k] for k in PARTS if k in before},
                    **{f"{k}_after": curve[-1][k] for k in PARTS if curve and k in curve[-1]},
@@ -284,12 +315,16 @@ def run_personas(a: argparse.Namespace, client_for: Any) -> dict[str, Any]:
                    "asked": before["asked"], "curve": curve, "answers_before": before["answers"],
                    "users": stats, "user": "llm" if a.user_model_url else "rules",
                    "rater": "llm" if a.rater_url else "rules"}
+            if wide_before is not None:
+                rec.update({"correct_wide_before": wide_before["correct"], "wide_sums": wide_before["sums"],
+                            **({"correct_wide_after": wide_after["correct"],
+                                "correct_wide_version": wide_after["policy_version"]} if wide_after else {})})
             if isinstance(rater, LLMRater):
                 rec["rater_invalid"] = rater.invalid
                 rec["rater_calls"] = rater.calls
             out["personas"][persona.name] = rec
             parts = "".join(f" {k}={_fmt(rec.get(k + '_before'))}->{_fmt(rec.get(k + '_after'))}"
-                            for k in PARTS if k + "_before" in rec)
+                            for k in PARTS + ("correct_wide",) if k + "_before" in rec)
             print(f"persona={persona.name} before={_fmt(rec['before'])} after={_fmt(after)} "
                   f"updates={rec['updates']} rated={rec['rated']}/{rec['asked']} user={rec['user']} "
                   f"rater={rec['rater']}{parts}", flush=True)
@@ -567,6 +602,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples-per-problem", type=int, default=4,
                     help="Sampled answers per problem in each persona measure (seeded, the same before and after): "
                          "1 gives 32 problems a standard error of ~0.07, 4 about half of it.")
+    ap.add_argument("--wide-sums", type=int, default=128,
+                    help="Tiny set: also `correct` on this many other held-out sums (2 samples each) before and after, "
+                         "beside the fixed problems' (correct_wide_*); 0: off.")
     ap.add_argument("--problem-set", default="auto", choices=PROBLEM_SETS)
     ap.add_argument("--turns", type=int, default=4, help="Assistant turns per training conversation.")
     ap.add_argument("--tries", type=int, default=3, help="Tries at one problem before the user moves on.")
