@@ -185,6 +185,48 @@ def test_each_candidate_is_read_on_fresh_questions_against_their_own_baseline():
     assert seen[9:] == [rs[0]] * 5 and gate.counts["passed_on_served"] == 0
 
 
+def test_a_candidate_that_passes_its_round_must_pass_the_next_one_too():
+    """`gate.confirm` (default on): the line search keeps the first candidate of a version that passes its
+    round, so where most candidates lose more than the tolerance the one kept is the one whose loss that
+    round's questions missed (a student's run: a version read at -0.02 on its round had lost 0.07 of other
+    sums, RESULTS "Why the loop made the model worse" 14). It is read on the next round as well, which played
+    no part in choosing it, and refused if it fails there; the served weights are then read on that round (a
+    round that fails them too holds candidates to them, as on the first)."""
+    from clawloop.trainer.gate import rounds
+
+    checks = builtin_checks(3 * 4, 8)
+    rs = rounds(checks, 4)
+
+    class Fake:  # a candidate that reads reads[r] on round r
+        def __init__(self, *reads, version=1):
+            self.version, self.lr, self.model, self.step_count, self.reads = version, 1e-3, None, 0, reads
+            self.opt = type("Opt", (), {"param_groups": [{}]})()
+
+    def make(confirm):
+        gate = PublishGate(checks, 0.05, per_group=4, confirm=confirm)
+        seen = []
+        gate.score = lambda trainer, cs=None: (seen.append(rs.index(cs)), {
+            "arithmetic": trainer.reads[rs.index(cs)], "facts": 1.0, "instructions": 1.0})[1]
+        gate.keep = lambda trainer: setattr(gate, "snapshot", type("Snap", (), {"version": trainer.version})())
+        gate.roll_back = lambda trainer: setattr(trainer, "reads", (0.90, 0.90, 0.90))  # the served weights
+        gate.begin(Fake(0.90, 0.90, 0.90, version=0))
+        return gate, seen
+
+    lucky = (0.86, 0.80, 0.90)  # within the tolerance on round 0 only
+    gate, seen = make(confirm=False)
+    assert gate.check(Fake(*lucky)) and seen[3:] == [0]  # without confirmation: published on round 0
+    gate, seen = make(confirm=True)
+    assert not gate.check(Fake(*lucky))  # refused on round 1, then the served weights read there
+    assert seen[3:] == [0, 1, 1] and gate.counts["refused_on_confirmation"] == 1 and gate.counts["confirmations"] == 1
+    assert gate.last.worst == "arithmetic" and gate.last.held_to["arithmetic"] == 0.90
+    assert gate.check(Fake(0.86, 0.88, 0.50))  # passes both (round 2 is not read): published
+    assert seen[6:] == [0, 1] and gate.counts["passed"] == 1 and gate.counts["confirmations"] == 2
+    assert gate.passed_drops[1]["arithmetic"] == pytest.approx((0.04 + 0.02) / 2)  # its drop over both rounds
+    gate.snapshot = type("Snap", (), {"version": 1})()
+    assert gate.check(Fake(0.90, 0.87, 0.86, version=2)) and seen[8:] == [1, 2]  # v2: round 1, confirmed on 2
+    assert make(confirm=True)[0].check(Fake(0.86, 0.88, 0.50)) and PublishGate(checks, 0.05, confirm=True).rounds == [checks]
+
+
 def test_a_round_that_fails_the_served_version_holds_candidates_to_it():
     """A version passes its round; the next round reads the served weights themselves beyond the tolerance
     (a harder draw of questions, or a loss its own round did not show). Held to that round's baseline, every
@@ -294,7 +336,7 @@ def test_a_passing_version_is_published_and_a_damaging_one_is_rolled_back(tiny_d
             assert await run(None, tl.publish_weights) is True
             assert engine.policy_version == 1 and gate.counts == {
                 "candidates": 1, "passed": 1, "refused": 0, "consecutive_refusals": 0, "retries": 0,
-                "passed_on_retry": 0, "passed_on_served": 0}
+                "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 1, "refused_on_confirmation": 0}
             published = _state(trainer)
             # big steps towards wrong sums: a candidate that lost arithmetic is refused, the trainer is back at v1
             set_lr(trainer, 2e-3)

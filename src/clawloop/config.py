@@ -67,8 +67,7 @@ class ModelConfig:
     engine_urls: list = opt([], "vLLM servers someone else runs (repeatable): attach instead of starting one; "
                             "started with VLLM_SERVER_DEV_MODE=1 and --enable-scale-out for token ids and publishes.",
                             flags=("--engine-url",))
-    engine_replicas: int = opt(1, "vLLM servers to start (--backend vllm); sessions are spread over them.",
-                               flags=("--engine-replicas",))
+    engine_replicas: int = opt(1, "vLLM servers to start (--backend vllm); sessions are spread over them.", flags=("--engine-replicas",))
     vllm_python: str = opt("", "Python of the vLLM environment (default: .venv-vllm/bin/python from `make vllm`).",
                            flags=("--vllm-python",), env=("VLLM_PYTHON",))
     vllm_args: list = opt([], "Extra arguments for the vLLM server, e.g. --vllm-args=--enforce-eager (repeatable).",
@@ -324,9 +323,10 @@ class GateConfig:
                           "one greedy reply.", flags=("--gate-samples",))
     temperature: float = opt(1.0, "Sampling temperature of the checks.", flags=("--gate-temperature",))
     builtin_checks: int = opt(64, "Checks per group each candidate is read on (built-in arithmetic, instructions).")
-    rotations: int = opt(8, "Fresh questions per published version: rounds of gate.builtin_checks (a set read every "
-                            "time is learnt; a --regression-set group larger than a round rotates too); 1: one set.",
-                         flags=("--gate-rotations",))
+    rotations: int = opt(8, "Fresh questions per published version: rounds of gate.builtin_checks (a set read every time is learnt; "
+                            "a --regression-set group larger than a round rotates too); 1: one set.", flags=("--gate-rotations",))
+    confirm: bool = opt(True, "A candidate that passes its round must pass the next round too (the line search keeps the first that "
+                              "passes; with rotations > 1). --no-gate-confirm: off.", flags=("--gate-confirm",))
     max_tokens: int = opt(24, "Longest reply to a check, in tokens; a regression-set line may set its own.")
     batch_size: int = opt(64, "Checks generated at once on the trainer's model.")
 
