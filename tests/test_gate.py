@@ -551,8 +551,9 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
         probe = [q for q in heldout_questions(260, seed=11) if q["skill"] != "fact"][:128]
 
         def correctness() -> tuple[float, set[str]]:
-            """Sampled as users get it (T=1), 4 fixed seeds a question: the same random numbers before and after
-            (a greedy probe of 16 flipped 4-5 answers on versions the sampled gate rightly passed)."""
+            """Sampled as users get it (T=1), 4 fixed seeds a question, each reply its own: the same random
+            numbers before and after (a greedy probe of 16 flipped 4-5 answers on versions the sampled gate
+            rightly passed), and not the same for every question (an unlucky draw would miss most at once)."""
             def one(job: tuple[dict, int]) -> tuple[bool, str]:
                 q, seed = job
                 r = client.chat.completions.with_raw_response.create(
@@ -561,7 +562,7 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
                 return extract_answer(r.parse().choices[0].message.content) == q["answer"], r.headers["x-policy-version"]
 
             with ThreadPoolExecutor(8) as ex:  # batched by the engine: 512 replies in a few seconds
-                got = list(ex.map(one, [(q, seed) for q in probe for seed in range(4)]))
+                got = list(ex.map(one, [(q, 4 * i + j) for i, q in enumerate(probe) for j in range(4)]))
             return sum(ok for ok, _ in got) / len(got), {v for _, v in got}
 
         deadline = time.time() + 60

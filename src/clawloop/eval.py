@@ -191,13 +191,15 @@ def wide_sums(client: Any, problems_asked: list[dict[str, str]], n: int, seed: i
 
     asked = {p["question"] for p in problems_asked}
     pool = [q for q in heldout_questions(2 * n + 8, seed=seed) if q["skill"] != "fact" and q["question"] not in asked]
-    jobs = [(q, j) for q in pool[:n] for j in range(samples)]
+    # a seed per reply: one seed for every question would draw the same random numbers for all of them, and
+    # an unlucky draw at the digits would then miss most of the sums at once
+    jobs = [(q, seed + i * samples + j) for i, q in enumerate(pool[:n]) for j in range(samples)]
 
     def one(job: tuple[dict[str, str], int]) -> tuple[bool, int]:
-        q, j = job
+        q, s = job
         raw = client.chat.completions.with_raw_response.create(
             model="clawloop", messages=[{"role": "user", "content": q["question"]}], max_tokens=max_tokens,
-            temperature=1.0, seed=seed + j, extra_headers={"X-Turn-Type": "side", "X-Session-Id": "eval-wide"})
+            temperature=1.0, seed=s, extra_headers={"X-Turn-Type": "side", "X-Session-Id": "eval-wide"})
         answer = raw.parse().choices[0].message.content or ""
         return extract_answer(answer) == q["answer"], int(raw.headers.get("x-policy-version", -1))
 
