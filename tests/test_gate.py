@@ -186,7 +186,7 @@ def test_each_candidate_is_read_on_fresh_questions_against_their_own_baseline():
 
 
 def test_a_candidate_that_passes_its_round_must_pass_the_next_one_too():
-    """`gate.confirm` (default on): the line search keeps the first candidate of a version that passes its
+    """`gate.confirm` (--gate-confirm, off by default): the line search keeps the first candidate of a version that passes its
     round, so where most candidates lose more than the tolerance the one kept is the one whose loss that
     round's questions missed (a student's run: a version read at -0.02 on its round had lost 0.07 of other
     sums, RESULTS "Why the loop made the model worse" 14). It is read on the next round as well, which played
@@ -336,7 +336,7 @@ def test_a_passing_version_is_published_and_a_damaging_one_is_rolled_back(tiny_d
             assert await run(None, tl.publish_weights) is True
             assert engine.policy_version == 1 and gate.counts == {
                 "candidates": 1, "passed": 1, "refused": 0, "consecutive_refusals": 0, "retries": 0,
-                "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 1, "refused_on_confirmation": 0}
+                "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 0, "refused_on_confirmation": 0}
             published = _state(trainer)
             # big steps towards wrong sums: a candidate that lost arithmetic is refused, the trainer is back at v1
             set_lr(trainer, 2e-3)

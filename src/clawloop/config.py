@@ -325,8 +325,8 @@ class GateConfig:
     builtin_checks: int = opt(64, "Checks per group each candidate is read on (built-in arithmetic, instructions).")
     rotations: int = opt(8, "Fresh questions per published version: rounds of gate.builtin_checks (a set read every time is learnt; "
                             "a --regression-set group larger than a round rotates too); 1: one set.", flags=("--gate-rotations",))
-    confirm: bool = opt(True, "A candidate that passes its round must pass the next round too (the line search keeps the first that "
-                              "passes; with rotations > 1). --no-gate-confirm: off.", flags=("--gate-confirm",))
+    confirm: bool = opt(False, "A candidate that passes its round must pass the next round too (the line search keeps the first that "
+                               "passes; with rotations > 1). Off: it slowed the student persona 2x (RESULTS 14b).", flags=("--gate-confirm",))
     max_tokens: int = opt(24, "Longest reply to a check, in tokens; a regression-set line may set its own.")
     batch_size: int = opt(64, "Checks generated at once on the trainer's model.")
 

@@ -52,7 +52,7 @@ at the tolerance's edge a full step is refused and a shorter one on the same
 feedback passes, so that feedback is used rather than dropped (one train step
 and one scoring a try, no user waits; needs `publish_interval` 1).
 
-Confirmation (`gate.confirm`, default on with rotations): a candidate that passes its round is read
+Confirmation (`gate.confirm`, `--gate-confirm`, off by default; with rotations): a candidate that passes its round is read
 on the next round too and must pass there. The line search keeps the first candidate of a version that
 passes; where most of them lose more than the tolerance, that is the one whose loss the round's questions
 happened to miss (bench/RESULTS.md "Why the loop made the model worse" 14). The next round played no part
