@@ -176,7 +176,10 @@ def up(cluster, random_model_dir, tmp_path_factory):
                    ray__trainer_num_cpus="0.5", ray__trainer_workers="2", model__engine_replicas="1",
                    train__rollout_batch_size="2", train__lr="1e-3", train__method="combine", train__save_interval="1",
                    judge__poll_interval_s="0.1", ray__health_interval_s="0.5", ray__token_timeout_s="30",
-                   ray__replica_wait_s="90", ray__start_timeout_s="120")
+                   ray__replica_wait_s="90", ray__start_timeout_s="120",
+                   # the module's feedback is a few conversations of one correction each: their answers after the
+                   # correction (untrained by default) make the second step and checkpoint that test d resumes from
+                   train__retry_weight="1")
     app, parts = build_app(cfg, judge=True, train=True)
     assert parts.ray is not None and type(parts.engine).__name__ == "RayEngine"
     server = ServerThread(app).start(timeout=60)
