@@ -277,6 +277,78 @@ def test_a_round_that_fails_the_served_version_holds_candidates_to_it():
     assert not gate.check(Fake(0.80, 5)) and gate.last.held_to["arithmetic"] == 0.90
 
 
+def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_good_one():
+    """A version passes its round at the tolerance's edge; the next round reads the served weights beyond the
+    tolerance, and over its two rounds too: a real loss (a student's run stalled there for 34 refusals, every
+    candidate near the served weights reading as badly: RESULTS "Why the loop made the model worse" 14d). The
+    gate publishes, as a new version, the last version before it that passed against the baseline if that
+    reads within the tolerance here (else the weights served at start), and the trainer goes on from it. A
+    harder round (the served version within the tolerance over its two rounds) still holds candidates to the
+    served version instead; real weights and AdamW state through Snapshot and Weights."""
+    from clawloop.trainer.gate import rounds
+
+    checks = builtin_checks(3 * 4, 8)
+    rs = rounds(checks, 4)
+    reads = {0: (0.90, 0.90, 0.90), 1: (0.86, 0.88, 0.78), 2: (0.75, 0.87, 0.72), 3: (0.70, 0.70, 0.70),
+             4: (0.89, 0.89, 0.89), 5: (0.89, 0.89, 0.82)}  # weights w -> its reading on rounds 0, 1, 2
+
+    class Trainer:  # its one weight says which version's weights it holds
+        def __init__(self):
+            self.params = [torch.zeros(2, requires_grad=True)]
+            self.opt = torch.optim.AdamW(self.params, lr=1e-3)
+            self.version, self.lr, self.model, self.step_count = 0, 1e-3, None, 0
+
+        def train_to(self, w):  # a step: AdamW state moves, the weights become w's
+            self.params[0].grad = torch.ones(2)
+            self.opt.step()
+            with torch.no_grad():
+                self.params[0].fill_(w)
+            self.version += 1
+            return self
+
+    def make():
+        gate = PublishGate(checks, 0.05, per_group=4)
+        gate.score = lambda trainer, cs=None: {"arithmetic": reads[int(trainer.params[0][0])][rs.index(cs)],
+                                               "instructions": 1.0}
+        t = Trainer()
+        gate.begin(t)
+        return gate, t
+
+    gate, t = make()
+    assert gate.check(t.train_to(1)) and t.version == 1  # round 0: 0.86, within
+    gate.keep(t)
+    assert gate.check(t.train_to(2)) and t.version == 2  # round 1: 0.87
+    gate.keep(t)
+    assert gate.clean.version == 1 and gate.start.version == 0
+    # round 2: the candidate is refused; the served v2 reads 0.72 there (0.18 down, 0.105 over its two rounds)
+    assert gate.check(t.train_to(3)) and gate.counts["fallbacks"] == 1 and gate.counts["refused"] == 1
+    # v1's weights read 0.78 on round 2 (0.12; 0.08 with its 0.04 on round 0): beyond too; the start's are published
+    assert float(t.params[0][0].detach()) == 0.0 and t.version == 3 and gate.lost == {1, 2}
+    assert gate.last.passed and gate.last.version == 3 and gate.last.scores["arithmetic"] == 0.90
+    assert t.opt.state_dict()["state"][0]["step"] == 2  # the served version's AdamW state, not the start's
+    gate.keep(t)
+    assert gate.clean.version == 1  # v2 (lost) is not a fallback; v1 is not taken again either
+    assert gate.check(t.train_to(4)) and gate.last.held_to["arithmetic"] == 0.90  # round (2 + 1) % 3 = 0
+    gate.keep(t)
+    assert gate.clean.version == 3 and gate.passed_drops[3]["arithmetic"] == pytest.approx(0.0)
+
+    gate, t = make()
+    for w in (4, 5):  # v1 passes round 0 (0.89), v2 passes round 1 (0.89)
+        assert gate.check(t.train_to(w))
+        gate.keep(t)
+    # round 2: the served v2 reads 0.82 (0.08; 0.045 over its two rounds): a harder round, not a loss
+    assert not gate.check(t.train_to(3)) and gate.counts["fallbacks"] == 0 and float(t.params[0][0].detach()) == 5.0
+    assert not gate.check(t.train_to(3)) and t.version == 2 and gate.last.held_to["arithmetic"] == 0.82
+    reads[5] = (0.89, 0.89, 0.75)  # a real loss on this round (0.15; 0.085): v1 reads 0.89 here and is published
+    gate.served.clear()
+    assert gate.check(t.train_to(3)) and float(t.params[0][0].detach()) == 4.0 and t.version == 3
+    assert gate.passed_drops[3]["arithmetic"] == pytest.approx(0.01) and gate.stats()["gate/fallbacks"] == 1.0
+    from clawloop.cli import gate_line  # `clawloop status` says so (from /health's `gate`, the stats unprefixed)
+
+    line = gate_line({k[len("gate/"):]: v for k, v in gate.stats().items()})
+    assert "v3 passed" in line and "fell back to an earlier version's weights 1 time" in line, line
+
+
 # -- publish and roll back -----------------------------------------------------------------------------
 def _arith_samples(tok, reinforce_right: bool, n=8):
     """Replies to held-out sums, half right and half wrong (by 7); reward +1 for the kind to reinforce,
@@ -336,7 +408,8 @@ def test_a_passing_version_is_published_and_a_damaging_one_is_rolled_back(tiny_d
             assert await run(None, tl.publish_weights) is True
             assert engine.policy_version == 1 and gate.counts == {
                 "candidates": 1, "passed": 1, "refused": 0, "consecutive_refusals": 0, "retries": 0,
-                "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 0, "refused_on_confirmation": 0}
+                "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 0, "refused_on_confirmation": 0,
+                "fallbacks": 0}
             published = _state(trainer)
             # big steps towards wrong sums: a candidate that lost arithmetic is refused, the trainer is back at v1
             set_lr(trainer, 2e-3)
@@ -610,7 +683,7 @@ def test_users_rewarding_wrong_answers_cannot_make_the_served_model_forget(tiny_
         # Only candidates that passed were served (a batch whose rewards cancel out changes nothing and
         # passes); each refused one was rolled back, so versions are not burnt and the trainer is at the
         # served version. The refused ones had really lost arithmetic.
-        passed = int(stats["gate/passed"])
+        passed = int(stats["gate/passed"] + stats["gate/fallbacks"])  # a fallback publishes older weights anew
         assert eng.policy_version == v0 + passed == tl.trainer.version
         assert passed < stats["gate/candidates"] and stats["gate/refused"] >= 2
         refusals = [(float(m.group(1)), float(m.group(2))) for r in caplog.records for m in

@@ -368,7 +368,8 @@ def gate_line(g: dict[str, Any]) -> str:
     scores = ", ".join(f"{x} {g.get(f'score/{x}', float('nan')):.3f}/{g[f'baseline/{x}']:.3f}" for x in groups)
     return (f"publish gate: v{g['last_checked_version']:.0f} {verdict} (score/baseline {scores}, tolerance "
             f"{g.get('tolerance', 0):.3f}); {g.get('refused', 0):.0f} of {g.get('candidates', 0):.0f} candidates "
-            f"refused; last check {g.get('last_check_s', 0):.2f} s")
+            f"refused" + (f"; serving fell back to an earlier version's weights {g['fallbacks']:.0f} time(s)"
+                          if g.get("fallbacks") else "") + f"; last check {g.get('last_check_s', 0):.2f} s")
 
 
 def cmd_status(argv: list[str]) -> int:

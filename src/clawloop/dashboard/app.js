@@ -290,7 +290,8 @@ function gateCard(x) {   // the trainer's publish gate (trainer/gate.py): last c
   const scored = worst === null ? `score ${num(x["gate/score"])} vs ${base}`
     : `${worst} ${num(x["gate/score/" + worst])} vs baseline ${num(x["gate/baseline/" + worst])} ± ${num(x["gate/tolerance"])}`;
   const c = card("publish gate", `v${x["gate/last_checked_version"]} ${passed ? "passed" : "refused"}`,
-    `${scored} · ${num(x["gate/refused"])} of ${num(x["gate/candidates"])} refused · ${secs(x["gate/last_check_s"])}`,
+    `${scored} · ${num(x["gate/refused"])} of ${num(x["gate/candidates"])} refused` +
+    (x["gate/fallbacks"] ? ` · ${num(x["gate/fallbacks"])} fell back` : "") + ` · ${secs(x["gate/last_check_s"])}`,
     "card-gate");
   c.classList.add(passed ? "gate-passed" : "gate-refused");
   return c;

@@ -419,6 +419,28 @@ class Snapshot:
             trainer.eps_state[:] = self.eps_state
         trainer.version = self.version
 
+    def weights(self) -> "Weights":
+        """Its weights alone (the same CPU tensors: a snapshot is never written to)."""
+        return Weights(self.version, self.params, self.masters)
+
+
+@dataclass
+class Weights:
+    """An earlier published version's trainable weights (and offloaded masters), kept to fall back to."""
+
+    version: int
+    params: list[torch.Tensor]
+    masters: list[torch.Tensor] | None
+
+    def restore(self, trainer: Any) -> None:
+        """Into the trainer's weights; its AdamW state (the served version's) stays."""
+        with torch.no_grad():
+            for p, s in zip(trainer.params, self.params):
+                p.copy_(s)
+            if self.masters is not None:
+                for m, s in zip(trainer.masters, self.masters):
+                    m.copy_(s)
+
 
 # -- the gate ---------------------------------------------------------------------------------------
 @dataclass
@@ -476,7 +498,8 @@ class PublishGate:
         self.snapshot: Snapshot | None = None
         self.last: Verdict | None = None
         self.counts = {"candidates": 0, "passed": 0, "refused": 0, "consecutive_refusals": 0, "retries": 0,
-                       "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 0, "refused_on_confirmation": 0}
+                       "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 0, "refused_on_confirmation": 0,
+                       "fallbacks": 0}
         self.served: dict[tuple[int, int], dict[str, float]] = {}
         """(served version, round) -> the served version's own score on that round, read after a refusal
         there (`check`): a round that the served version itself fails holds a candidate to it instead."""
@@ -484,6 +507,13 @@ class PublishGate:
         """Version -> its drop below the baseline per group on the round it passed (the start: none)."""
         self.baseline_s = self.last_snapshot_s = self.last_rollback_s = 0.0
         self._failed: set[str] = set()
+        self.start: Weights | None = None
+        """The weights the baseline was measured on (when it was measured in this process, not restored)."""
+        self.clean: Weights | None = None
+        """The last version before the served one that passed against the baseline: where serving falls back."""
+        self.lost: set[int] = set()
+        """Versions found beyond the tolerance on a later round (`check`): never fallen back to."""
+        self._fresh = False
 
     @classmethod
     def from_config(cls, cfg: Config, checks: list[Check]) -> "PublishGate":
@@ -554,6 +584,8 @@ class PublishGate:
             self.baselines = [self.score(trainer, r) for r in self.rounds]
             self.baseline = {g: sum(b[g] for b in self.baselines) / len(self.baselines) for g in self.baselines[0]}
             self.baseline_s = time.perf_counter() - t0
+            self._fresh = True
+            self.passed_drops[int(trainer.version)] = {}
             log.info("publish gate: baseline of v%d on %d checks in %d round(s) of %d: %s (%.2f s); tolerance %.3f",
                      trainer.version, len(self.checks), len(self.rounds), len(self.rounds[0]), _fmt(self.baseline),
                      self.baseline_s, self.tolerance)
@@ -576,7 +608,7 @@ class PublishGate:
         t0 = time.perf_counter()
         # Fresh questions for each published version, the same for every candidate of one: a set read at every
         # decision is learnt, and a candidate read on a new round at every try passes on the first lenient one.
-        turn = self.counts["passed"] % len(self.rounds)
+        turn = (self.counts["passed"] + self.counts["fallbacks"]) % len(self.rounds)
         served_version = self.snapshot.version if self.snapshot is not None else -1
         scores, held_to, passed, worst = self._read(trainer, turn, served_version)
         read = {turn: scores}
@@ -612,6 +644,8 @@ class PublishGate:
         self.roll_back(trainer)
         if (served_version, turn) not in self.served:  # the served weights are back: how do they read here?
             self.served[(served_version, turn)] = self.score(trainer, self.rounds[turn])
+            if self._fall_back(trainer, turn, served_version, t0):
+                return True
         before = self.lr_scale
         if self.backoff < 1.0:  # a step that lost what the model could do was too long: retry with a shorter one
             self._set_lr_scale(trainer, self.lr_scale * self.backoff)
@@ -628,6 +662,55 @@ class PublishGate:
                         "v%d. Check the judge and the feedback, or trade the two with --regression-tolerance "
                         "(gate/consecutive_refusals)", self.counts["consecutive_refusals"], round(1 / MIN_LR_SCALE),
                         worst, trainer.version)
+        return False
+
+    def _within(self, turn: int, scores: dict[str, float], own: dict[str, float] | None) -> bool:
+        """Whether a version reading `scores` on round `turn` is within the tolerance by `held_to`'s rule: in
+        every group, its drop there or, where that is beyond, averaged with its drop on its own round (`own`)."""
+        base = self.baselines[turn]
+        return all(base.get(g, 0.0) - v <= self.tolerance + 1e-9 or (
+            own is not None and (base.get(g, 0.0) - v + own.get(g, 0.0)) / 2 <= self.tolerance + 1e-9)
+            for g, v in scores.items())
+
+    def _fall_back(self, trainer: Any, turn: int, served_version: int, t0: float) -> bool:
+        """The served version reads beyond the tolerance on round `turn`, and over its two rounds too: a real
+        loss, which the round that passed it did not show. Users must not keep it (the gate's promise), and no
+        candidate near it passes (a student's run stalled so for 34 refusals: RESULTS 14d). Publish, as a new
+        version, the last one before it that passed against the baseline if it is within the tolerance by the
+        same rule here, else the weights served at start; train on from there. True: the trainer holds them."""
+        own = self.passed_drops.get(served_version)
+        if own is None or self._within(turn, self.served[(served_version, turn)], own):
+            return False
+        self.lost.add(served_version)
+        start = self.start.version if self.start is not None else None
+        for w in (self.clean, self.start):  # the start is what the baseline was read on: within by definition
+            if w is None or (w.version in self.lost and w.version != start):
+                continue
+            w.restore(trainer)
+            scores = self.score(trainer, self.rounds[turn])
+            before = self.passed_drops.get(w.version)
+            if not self._within(turn, scores, before) and w.version != start:
+                self.lost.add(w.version)
+                continue
+            trainer.version = served_version + 1
+            # its drop per group over the rounds it has been read on (what `held_to` weighs later rounds against)
+            self.passed_drops[trainer.version] = {
+                g: ((before or {}).get(g, self.baselines[turn].get(g, 0.0) - v) + self.baselines[turn].get(g, 0.0) - v)
+                / 2 for g, v in scores.items()}
+            self.counts["fallbacks"] += 1
+            self.counts["consecutive_refusals"] = 0
+            self.last = Verdict(int(trainer.version), scores, True, time.perf_counter() - t0, "",
+                                dict(self.baselines[turn]))
+            served = self.served[(served_version, turn)]
+            worst = max(served, key=lambda g: self.baselines[turn].get(g, 0.0) - served[g])
+            log.warning("publish gate: the served v%d reads %s %.3f on this round vs baseline %.3f, %.3f below it over "
+                        "its two rounds (tolerance %.3f): serving falls back to v%d's weights (%s here) as v%d, and "
+                        "the trainer goes on from them", served_version, worst, served[worst],
+                        self.baselines[turn].get(worst, 0.0), (self.baselines[turn].get(worst, 0.0) - served[worst]
+                                                               + own.get(worst, 0.0)) / 2, self.tolerance,
+                        w.version, _fmt(scores), trainer.version)
+            return True
+        self.roll_back(trainer)
         return False
 
     def held_to(self, turn: int, served: dict[str, float] | None,
@@ -654,8 +737,13 @@ class PublishGate:
         if not self.active:
             return
         t0 = time.perf_counter()
-        self.snapshot = Snapshot(trainer)
+        old, self.snapshot = self.snapshot, Snapshot(trainer)
         self.last_snapshot_s = time.perf_counter() - t0
+        if self._fresh and self.start is None:  # the weights the baseline was measured on
+            self.start = self.snapshot.weights()
+        elif old is not None and old.version not in self.lost and all(
+                d <= self.tolerance + 1e-9 for d in self.passed_drops.get(old.version, {"": math.inf}).values()):
+            self.clean = old.weights()  # the version just replaced passed against the baseline
 
     def roll_back(self, trainer: Any) -> None:
         if self.snapshot is None:
