@@ -349,6 +349,40 @@ def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_goo
     assert "v3 passed" in line and "fell back to an earlier version's weights 1 time" in line, line
 
 
+def test_refusals_at_the_shortest_step_hold_rehearsal_harder():
+    """At the tolerance's edge every step in the feedback's direction loses a little more than the served
+    version, however short (a student's run: 41 candidates in a row at 1/8 of the rate). Once the backoff
+    cannot shorten the step, each refusal doubles rehearsal's coefficient (up to `gate.hold` times its own),
+    which turns the step towards what was lost, and counts as a change of step for the line search; a pass
+    halves it back. Only when neither can change does the gate call training stalled."""
+    checks = builtin_checks(4, 8)
+
+    class Fake:
+        def __init__(self, arith):
+            self.version, self.lr, self.model, self.step_count, self.arith = 1, 1.0, None, 0, arith
+            self.opt = type("Opt", (), {"param_groups": [{}]})()
+            self.rehearsal = type("Rehearsal", (), {"coef": 1.0})()
+
+    gate = PublishGate(checks, 0.05, backoff=0.5, retries=3, hold=4)
+    gate.score = lambda trainer, cs=None: {"arithmetic": trainer.arith, "instructions": 1.0}
+    gate.keep = lambda trainer: setattr(gate, "snapshot", type("Snap", (), {"version": 0})())
+    gate.roll_back = lambda trainer: setattr(trainer, "arith", 0.90)
+    t = Fake(0.90)
+    gate.begin(t)
+    seen = []
+    for _ in range(6):
+        t.arith = 0.80
+        assert not gate.check(t)
+        seen.append((t.lr, t.rehearsal.coef, gate.can_retry(0)))
+    assert seen == [(0.5, 1.0, True), (0.25, 1.0, True), (0.125, 1.0, True), (0.125, 2.0, True), (0.125, 4.0, True),
+                    (0.125, 4.0, False)]
+    assert gate.stats()["gate/hold_scale"] == 4.0
+    t.arith = 0.88
+    assert gate.check(t) and (t.lr, t.rehearsal.coef) == (0.25, 2.0)
+    with pytest.raises(ValueError, match="hold"):
+        PublishGate(checks, 0.05, hold=0.5)
+
+
 # -- publish and roll back -----------------------------------------------------------------------------
 def _arith_samples(tok, reinforce_right: bool, n=8):
     """Replies to held-out sums, half right and half wrong (by 7); reward +1 for the kind to reinforce,

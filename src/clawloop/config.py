@@ -319,14 +319,13 @@ class GateConfig:
                               "each passed one divides it back up to --lr. 1: off.", flags=("--gate-backoff",))
     retries: int = opt(3, "A refused candidate's batch is trained again from the last good weights at the backed-off "
                           "rate, up to this many times (a line search). 0: off.", flags=("--gate-retries",))
-    samples: int = opt(4, "Replies sampled per check at --gate-temperature, fixed seeds (paired across versions); 0: "
-                          "one greedy reply.", flags=("--gate-samples",))
+    samples: int = opt(4, "Replies sampled per check at --gate-temperature, fixed seeds (paired); 0: one greedy reply.", flags=("--gate-samples",))
     temperature: float = opt(1.0, "Sampling temperature of the checks.", flags=("--gate-temperature",))
     builtin_checks: int = opt(64, "Checks per group each candidate is read on (built-in arithmetic, instructions).")
     rotations: int = opt(8, "Fresh questions per published version: rounds of gate.builtin_checks (a set read every time is learnt; "
                             "a --regression-set group larger than a round rotates too); 1: one set.", flags=("--gate-rotations",))
-    confirm: bool = opt(False, "A candidate that passes its round must pass the next round too (the line search keeps the first that "
-                               "passes; with rotations > 1). Off: it slowed the student persona 2x (RESULTS 14b).", flags=("--gate-confirm",))
+    confirm: bool = opt(False, "A candidate that passes its round must pass the next one too (with rotations > 1; RESULTS 14b).", flags=("--gate-confirm",))
+    hold: float = opt(16.0, "A refusal at the shortest step doubles rehearsal's coefficient, up to this multiple; a pass halves it (1: off).", flags=("--gate-hold",))
     max_tokens: int = opt(24, "Longest reply to a check, in tokens; a regression-set line may set its own.")
     batch_size: int = opt(64, "Checks generated at once on the trainer's model.")
 
@@ -820,6 +819,7 @@ def validate_gate(g: GateConfig, need: Any) -> None:
     """The gate section's rules; `need(ok, key, why)` raises a ConfigError naming the key."""
     need(0.0 <= g.tolerance <= 1.0, "gate.tolerance", f"must be in [0, 1] (a pass-rate difference), got {g.tolerance}")
     need(0.0 < g.backoff <= 1.0, "gate.backoff", f"must be in (0, 1] (1: off), got {g.backoff}")
+    need(g.hold >= 1.0, "gate.hold", f"must be >= 1 (1: off), got {g.hold}")
     for key in ("builtin_checks", "max_tokens", "batch_size", "rotations"):
         need(getattr(g, key) >= 1, f"gate.{key}", "must be >= 1")
     for key in ("samples", "retries"):

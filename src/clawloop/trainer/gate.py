@@ -71,6 +71,16 @@ weights compare the trainer with it: after a rollback they are the same
 weights again instead of an ever larger off-policy gap. The batch that produced
 the refused version is consumed (its cursor committed) once its retries are spent.
 
+Falling back (`_fall_back`): after a refusal the served weights are read on the candidate's round. Where
+they are beyond the tolerance there and, averaged with their drop on the round that passed them, over both
+rounds too, the served version has lost what the model could do (a harder draw alone is `held_to`'s case).
+Users must not keep it, and no candidate near it passes (a student's run stalled so: 34 refusals in a row,
+RESULTS 14d). The gate publishes, as a new version number, the weights of the last version before it that
+passed against the baseline, if they read within the tolerance on this round by the same rule, else the
+weights served at start; the trainer goes on from them with the AdamW state it had. Costs: a CPU copy of
+the start's weights and of the last good version's (the weights alone: references to snapshots already
+taken, no copy at the publish), and one or two more readings when it happens (`gate/fallbacks`).
+
 Visible: a warning per refusal, `gate/*` metrics in the trainer loop's stats
 (so /metrics, the dashboard and `clawloop status` through /health).
 """
@@ -466,7 +476,7 @@ class PublishGate:
 
     def __init__(self, checks: list[Check], tolerance: float, *, batch_size: int = 64, backoff: float = 1.0,
                  samples: int = 0, temperature: float = 1.0, retries: int = 0, per_group: int = 0,
-                 confirm: bool = False):
+                 confirm: bool = False, hold: float = 1.0):
         if not 0.0 < backoff <= 1.0:
             raise ValueError(f"gate backoff must be in (0, 1], got {backoff}")
         if samples < 0 or retries < 0 or temperature <= 0:
@@ -488,8 +498,14 @@ class PublishGate:
         passed candidate divides it back (up to the configured rate); 1: off."""
         self.lr_scale = 1.0
         self.shortened = False
-        """Whether the last refusal shortened the step (a retry at the same rate would be refused again)."""
+        """Whether the last refusal changed the step: shorter, or rehearsal held harder (else a retry is the same)."""
         self.base_lr: float | None = None
+        if hold < 1.0:
+            raise ValueError(f"gate hold must be >= 1 (1: off), got {hold}")
+        self.hold = float(hold)
+        """Most rehearsal's coefficient is raised to, as a multiple of its own (`_set_hold`)."""
+        self.hold_scale = 1.0
+        self.base_coef: float | None = None
         self.fingerprint = set_fingerprint(checks, self.samples, self.temperature, per_group)
         self.baseline: dict[str, float] = {}
         """Per group, the start's score over every round (what /health and the metrics show)."""
@@ -520,7 +536,7 @@ class PublishGate:
         g = cfg.gate
         return cls(checks, g.tolerance, batch_size=g.batch_size, backoff=g.backoff, samples=g.samples,
                    temperature=g.temperature, retries=g.retries, per_group=g.builtin_checks if g.rotations > 1 else 0,
-                   confirm=g.confirm)
+                   confirm=g.confirm, hold=g.hold)
 
     def _set_lr_scale(self, trainer: Any, scale: float) -> None:
         """The trainer's AdamW learning rate at `scale` times the configured one (rollback restores the
@@ -531,6 +547,21 @@ class PublishGate:
         trainer.lr = self.base_lr * self.lr_scale
         for g in trainer.opt.param_groups:
             g["lr"] = trainer.lr
+
+    def _set_hold(self, trainer: Any, scale: float) -> bool:
+        """Rehearsal's coefficient at `scale` times its own (1 to `hold`): a multiplier on what keeps the
+        model's skills, raised while the constraint binds (PPO-Lagrangian's, on refusals rather than a cost
+        estimate). At the tolerance's edge a step in the feedback's direction loses more however short it is
+        (a student's run: 41 candidates in a row at 1/8 of the rate, each 0.055 below on its round, the
+        served version 0.047): the line search can only shorten it, this turns it towards what was lost."""
+        rehearsal = getattr(trainer, "rehearsal", None)
+        if rehearsal is None:  # nothing rehearsed (--rehearsal-rows 0): nothing to weigh
+            return False
+        if self.base_coef is None:
+            self.base_coef = float(rehearsal.coef)
+        self.hold_scale = min(self.hold, max(1.0, scale))
+        rehearsal.coef = self.base_coef * self.hold_scale
+        return True
 
     @property
     def active(self) -> bool:
@@ -633,6 +664,8 @@ class PublishGate:
             self.counts["consecutive_refusals"] = 0
             if self.backoff < 1.0 and self.lr_scale < 1.0:
                 self._set_lr_scale(trainer, self.lr_scale / self.backoff)
+            if self.hold_scale > 1.0:
+                self._set_hold(trainer, self.hold_scale / 2)
             log.info("publish gate: v%d passed: %s (baseline %s%s%s)", trainer.version, _fmt(scores), _fmt(held_to),
                      f"; in {', '.join(sorted(self._failed))} the served v{served_version}'s own reading, which this "
                      f"round puts beyond the tolerance" if self._failed else "",
@@ -650,6 +683,8 @@ class PublishGate:
         if self.backoff < 1.0:  # a step that lost what the model could do was too long: retry with a shorter one
             self._set_lr_scale(trainer, self.lr_scale * self.backoff)
         self.shortened = self.lr_scale < before
+        if not self.shortened and self.hold_scale < self.hold:  # the shortest step still loses: weigh that more
+            self.shortened = self._set_hold(trainer, self.hold_scale * 2)  # a retry held harder is another step
         log.warning("publish gate: refused candidate v%d (step %d): %s %.3f vs %s %.3f (tolerance %.3f)%s; "
                     "still serving v%d, the trainer goes on from it (%d refused in a row)", candidate, step, worst,
                     scores[worst], f"the served v{served_version}" if worst in self._failed else "baseline",
@@ -760,6 +795,7 @@ class PublishGate:
     def stats(self) -> dict[str, float]:
         out = {"gate/size": float(len(self.rounds[0]) if self.rounds else 0), "gate/pool": float(len(self.checks)),
                "gate/rounds": float(len(self.rounds)), "gate/tolerance": self.tolerance, "gate/lr_scale": self.lr_scale,
+               "gate/hold_scale": self.hold_scale,
                **{f"gate/{k}": float(v) for k, v in self.counts.items()}}
         if not self.active:
             return out
