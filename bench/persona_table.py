@@ -32,7 +32,16 @@ def refusals(data_dir: str, persona: str) -> str:
     logs = list(Path(data_dir, persona).rglob("up.log")) if data_dir else []
     if not logs:
         return "—"
-    return str(sum(len(re.findall(r"publish gate: refused candidate", p.read_text(errors="replace"))) for p in logs))
+    n = 0
+    for p in logs:
+        prev = ""
+        for line in p.read_text(errors="replace").splitlines():
+            if "publish gate: " not in line:
+                continue
+            # a refusal that led to a fallback logged the fallback alone until the s19 session's change
+            n += "refused candidate" in line or ("serving falls back" in line and "refused candidate" not in prev)
+            prev = line
+    return str(n)
 
 
 def rows(arg: str) -> list[str]:
