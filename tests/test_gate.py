@@ -319,7 +319,7 @@ def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_goo
     gate.keep(t)
     assert gate.check(t.train_to(2)) and t.version == 2  # round 1: 0.87
     gate.keep(t)
-    assert gate.clean.version == 1 and gate.start.version == 0
+    assert [w.version for w in gate.clean] == [0, 1] and gate.start.version == 0
     # round 2: the candidate is refused; the served v2 reads 0.72 there (0.18 down, 0.105 over its two rounds)
     assert gate.check(t.train_to(3)) and gate.counts["fallbacks"] == 1 and gate.counts["refused"] == 1
     # v1's weights read 0.78 on round 2 (0.12; 0.08 with its 0.04 on round 0): beyond too; the start's are published
@@ -327,10 +327,10 @@ def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_goo
     assert gate.last.passed and gate.last.version == 3 and gate.last.scores["arithmetic"] == 0.90
     assert t.opt.state_dict()["state"][0]["step"] == 2  # the served version's AdamW state, not the start's
     gate.keep(t)
-    assert gate.clean.version == 1  # v2 (lost) is not a fallback; v1 is not taken again either
+    assert [w.version for w in gate.clean] == [0, 1]  # v2 (lost) is not a fallback; v1 (lost) is not tried again
     assert gate.check(t.train_to(4)) and gate.last.held_to["arithmetic"] == 0.90  # round (2 + 1) % 3 = 0
     gate.keep(t)
-    assert gate.clean.version == 3 and gate.passed_drops[3]["arithmetic"] == pytest.approx(0.0)
+    assert [w.version for w in gate.clean] == [0, 1, 3] and gate.passed_drops[3]["arithmetic"] == pytest.approx(0.0)
 
     gate, t = make()
     for w in (4, 5):  # v1 passes round 0 (0.89), v2 passes round 1 (0.89)
@@ -343,6 +343,18 @@ def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_goo
     gate.served.clear()
     assert gate.check(t.train_to(3)) and float(t.params[0][0].detach()) == 4.0 and t.version == 3
     assert gate.passed_drops[3]["arithmetic"] == pytest.approx(0.01) and gate.stats()["gate/fallbacks"] == 1.0
+
+    # several earlier good versions are kept (FALLBACKS): newest first, the first within the tolerance here wins
+    reads.update({7: (0.89, 0.89, 0.89), 8: (0.80, 0.88, 0.88), 10: (0.70, 0.90, 0.89)})
+    gate2, t2 = make()
+    for w in (7, 8, 10):  # v1, v2, v3 pass rounds 0, 1, 2
+        assert gate2.check(t2.train_to(w))
+        gate2.keep(t2)
+    assert [w.version for w in gate2.clean] == [0, 1, 2]
+    # round 0: the served v3 reads 0.70 (0.105 over its two rounds); v2 reads 0.80 there (0.06): lost too; v1 0.89
+    assert gate2.check(t2.train_to(3)) and float(t2.params[0][0].detach()) == 7.0 and t2.version == 4
+    assert gate2.lost == {2, 3} and gate2.counts["fallbacks"] == 1
+
     from clawloop.cli import gate_line  # `clawloop status` says so (from /health's `gate`, the stats unprefixed)
 
     line = gate_line({k[len("gate/"):]: v for k, v in gate.stats().items()})

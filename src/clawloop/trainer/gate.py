@@ -82,11 +82,13 @@ Falling back (`_fall_back`): after a refusal the served weights are read on the 
 they are beyond the tolerance there and, averaged with their drop on the round that passed them, over both
 rounds too, the served version has lost what the model could do (a harder draw alone is `held_to`'s case).
 Users must not keep it, and no candidate near it passes (a student's run stalled so: 34 refusals in a row,
-RESULTS 14d). The gate publishes, as a new version number, the weights of the last version before it that
-passed against the baseline, if they read within the tolerance on this round by the same rule, else the
-weights served at start; the trainer goes on from them with the AdamW state it had. Costs: a CPU copy of
-the start's weights and of the last good version's (the weights alone: references to snapshots already
-taken, no copy at the publish), and one or two more readings when it happens (`gate/fallbacks`).
+RESULTS 14d). The gate publishes, as a new version number, the weights of the newest of the last
+`FALLBACKS` (4) versions before it that passed against the baseline and read within the tolerance on this
+round by the same rule, else the weights served at start; the trainer goes on from them with the AdamW
+state it had. Costs: CPU copies of the start's weights and of those four (the weights alone: references
+to snapshots already taken, no copy at a publish), and a reading per version tried when it happens
+(`gate/fallbacks`). With one kept, a student's run found it beyond the tolerance too and fell back to the
+start, losing 13 versions (RESULTS 15).
 
 Visible: a warning per refusal, `gate/*` metrics in the trainer loop's stats
 (so /metrics, the dashboard and `clawloop status` through /health).
@@ -474,6 +476,9 @@ class Verdict:
 
 MIN_LR_SCALE = 1 / 8
 """The gate's backoff never takes the learning rate under this share of the configured one."""
+FALLBACKS = 4
+"""Earlier good versions whose weights the gate keeps to fall back to (besides the start's): with one, a
+student's run found it beyond the tolerance too and fell back to the start, its 13 versions lost."""
 STALLED_AFTER = 10
 """Refusals in a row (the last at the shortest step) after which the gate says training has stalled."""
 
@@ -532,8 +537,9 @@ class PublishGate:
         self._failed: set[str] = set()
         self.start: Weights | None = None
         """The weights the baseline was measured on (when it was measured in this process, not restored)."""
-        self.clean: Weights | None = None
-        """The last version before the served one that passed against the baseline: where serving falls back."""
+        self.clean: list[Weights] = []
+        """The last FALLBACKS versions before the served one that passed against the baseline, oldest first:
+        where serving falls back (newest first, then the start)."""
         self.lost: set[int] = set()
         """Versions found beyond the tolerance on a later round (`check`): never fallen back to."""
         self._fresh = False
@@ -719,14 +725,14 @@ class PublishGate:
         """The served version reads beyond the tolerance on round `turn`, and over its two rounds too: a real
         loss, which the round that passed it did not show. Users must not keep it (the gate's promise), and no
         candidate near it passes (a student's run stalled so for 34 refusals: RESULTS 14d). Publish, as a new
-        version, the last one before it that passed against the baseline if it is within the tolerance by the
-        same rule here, else the weights served at start; train on from there. True: the trainer holds them."""
+        version, the newest of the last FALLBACKS before it that passed against the baseline and are within the
+        tolerance by the same rule here, else the weights served at start; train on from there. True: the trainer holds them."""
         own = self.passed_drops.get(served_version)
         if own is None or self._within(turn, self.served[(served_version, turn)], own):
             return False
         self.lost.add(served_version)
         start = self.start.version if self.start is not None else None
-        for w in (self.clean, self.start):  # the start is what the baseline was read on: within by definition
+        for w in (*reversed(self.clean), self.start):  # the start is what the baseline was read on: within
             if w is None or (w.version in self.lost and w.version != start):
                 continue
             w.restore(trainer)
@@ -786,7 +792,7 @@ class PublishGate:
             self.start = self.snapshot.weights()
         elif old is not None and old.version not in self.lost and all(
                 d <= self.tolerance + 1e-9 for d in self.passed_drops.get(old.version, {"": math.inf}).values()):
-            self.clean = old.weights()  # the version just replaced passed against the baseline
+            self.clean = [*self.clean, old.weights()][-FALLBACKS:]  # the version just replaced passed the baseline
 
     def roll_back(self, trainer: Any) -> None:
         if self.snapshot is None:
