@@ -425,12 +425,7 @@ class Snapshot:
         self.version = int(trainer.version)
 
     def restore(self, trainer: Any) -> None:
-        with torch.no_grad():
-            for p, s in zip(trainer.params, self.params):
-                p.copy_(s)
-            if self.masters is not None:
-                for m, s in zip(trainer.masters, self.masters):
-                    m.copy_(s)
+        self.weights().restore(trainer)
         # a copy: load_state_dict may keep the tensors it is given, and AdamW updates its state in place
         trainer.opt.load_state_dict(_cpu_copy(self.opt_state))
         trainer.opt.zero_grad(set_to_none=True)
@@ -726,7 +721,8 @@ class PublishGate:
         loss, which the round that passed it did not show. Users must not keep it (the gate's promise), and no
         candidate near it passes (a student's run stalled so for 34 refusals: RESULTS 14d). Publish, as a new
         version, the newest of the last FALLBACKS before it that passed against the baseline and are within the
-        tolerance by the same rule here, else the weights served at start; train on from there. True: the trainer holds them."""
+        tolerance by the same rule here, else the weights served at start; train on from there. True: the
+        trainer holds them."""
         own = self.passed_drops.get(served_version)
         if own is None or self._within(turn, self.served[(served_version, turn)], own):
             return False
