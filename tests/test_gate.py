@@ -361,6 +361,68 @@ def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_goo
     assert "v3 passed" in line and "fell back to an earlier version's weights 1 time" in line, line
 
 
+def test_a_published_version_is_read_on_the_next_round_before_its_first_candidate():
+    """`vet`, after every publish: a version passed on one round is read on the round its candidates will be
+    read on. A loss its own round missed (a student's run: other sums 0.08-0.09 down on versions read 0.035-0.06
+    down, RESULTS 15) is caught there, before any refusal: serving falls back at once. A harder round holds the
+    first candidate to the served reading, less the tolerance the served version left unused over its two
+    rounds (with none left, s19's rule, a run stalled 93 refusals each 0.012-0.016 below: RESULTS 15e)."""
+    from clawloop.trainer.gate import rounds
+
+    checks = builtin_checks(3 * 4, 8)
+    rs = rounds(checks, 4)
+    reads = {0: (0.90, 0.90, 0.90), 1: (0.86, 0.78, 0.90), 2: (0.88, 0.83, 0.90), 3: (0.88, 0.826, 0.90),
+             4: (0.88, 0.82, 0.90)}
+
+    class Trainer:
+        def __init__(self):
+            self.params = [torch.zeros(2, requires_grad=True)]
+            self.opt = torch.optim.AdamW(self.params, lr=1e-3)
+            self.version, self.lr, self.model, self.step_count = 0, 1e-3, None, 0
+
+        def train_to(self, w):
+            self.params[0].grad = torch.ones(2)
+            self.opt.step()
+            with torch.no_grad():
+                self.params[0].fill_(w)
+            self.version += 1
+            return self
+
+    def make():
+        gate, seen = PublishGate(checks, 0.05, per_group=4), []
+        gate.score = lambda trainer, cs=None: (seen.append((int(trainer.params[0][0]), rs.index(cs))), {
+            "arithmetic": reads[int(trainer.params[0][0])][rs.index(cs)], "instructions": 1.0})[1]
+        t = Trainer()
+        gate.begin(t)
+        assert not gate.vet(t) and gate.counts["vetted"] == 0  # the start is the baseline itself: nothing to read
+        return gate, t, seen
+
+    # v1 passes round 0 (0.86); read on round 1 at once: 0.78 (0.12, and 0.08 over its two rounds): a real loss,
+    # found before any candidate of v2 was trained. The start's weights are published as v2.
+    gate, t, seen = make()
+    assert gate.check(t.train_to(1))
+    gate.keep(t)
+    assert gate.vet(t) and seen[-2:] == [(1, 1), (0, 1)] and gate.counts["vetted"] == 1
+    assert float(t.params[0][0].detach()) == 0.0 and t.version == 2 and gate.counts["fallbacks"] == 1
+    assert gate.counts["refused"] == 0 and gate.lost == {1} and gate.last.passed
+    gate.keep(t)
+    # the fallback was just read on round 1, which its first candidate is not (round 2): it is read there
+    assert not gate.vet(t) and seen[-1] == (0, 2) and gate.counts["vetted"] == 2
+    assert not gate.vet(t) and gate.counts["vetted"] == 2  # once a version and round
+
+    # v1 passes round 0 at 0.88 (0.02); round 1 reads it 0.83 (0.07; 0.045 over two): a harder round. Its first
+    # candidate is held to 0.83 less the 0.005 left: 0.826 passes, 0.82 is refused; the served weights are not
+    # read again after that refusal
+    gate, t, seen = make()
+    assert gate.check(t.train_to(2))
+    gate.keep(t)
+    assert not gate.vet(t) and gate.counts["fallbacks"] == 0 and gate.served[(1, 1)]["arithmetic"] == 0.83
+    n = len(seen)
+    assert not gate.check(t.train_to(4)) and gate.last.held_to["arithmetic"] == 0.83 and len(seen) == n + 1
+    assert gate._slack == {"arithmetic": pytest.approx(0.005)}
+    assert gate.check(t.train_to(3)) and gate.counts["passed_on_served"] == 1
+
+
 def test_refusals_at_the_shortest_step_hold_rehearsal_harder():
     """At the tolerance's edge every step in the feedback's direction loses a little more than the served
     version, however short (a student's run: 41 candidates in a row at 1/8 of the rate). Once the backoff
@@ -455,7 +517,8 @@ def test_a_passing_version_is_published_and_a_damaging_one_is_rolled_back(tiny_d
             assert engine.policy_version == 1 and gate.counts == {
                 "candidates": 1, "passed": 1, "refused": 0, "consecutive_refusals": 0, "retries": 0,
                 "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 0, "refused_on_confirmation": 0,
-                "fallbacks": 0}
+                "fallbacks": 0, "vetted": 1}  # v1 read on round 1 once published, before its first candidate
+            assert set(gate.served) == {(1, 1)}
             published = _state(trainer)
             # big steps towards wrong sums: a candidate that lost arithmetic is refused, the trainer is back at v1
             set_lr(trainer, 2e-3)

@@ -139,28 +139,38 @@ def test_openclaw_sessions_are_captured_linked_judged_and_trained(tmp_path: Path
     assert {t.type for t in turns} == {"main"}
     # One clawloop session per OpenClaw session, its turns numbered in order, and each message's answer
     # linked to the user's next message (OpenClaw prefixes it with a timestamp) as its next state.
-    # Header-less, a session is found by its history; once (2026-11-28) OpenClaw sent a conversation's second
-    # message without the exchange before it (its prompt: system + that message), and clawloop rightly began
-    # a new session there. Such a split is allowed only where OpenClaw's prompt lacked the message before.
+    # Header-less, a session is found by its history: a request is linked to the session whose answer its
+    # history carries as an assistant message. Twice (2026-11-28, once in CI) OpenClaw sent a conversation's
+    # second message with no earlier exchange as messages (its prompt: system + one user message; in CI that
+    # message also held the first message's text), and clawloop rightly began a new session there. Such a
+    # split is allowed only where OpenClaw's prompt carried no assistant message at all.
     def first(ts):
         return min(ts, key=lambda t: t.index)
 
-    dropped = {}
+    def answers(t):
+        """(conversation, position) of the newest scripted message in `t`'s last user message."""
+        content = str(t.messages[-1]["content"])
+        return max(((c, i) for c, m in enumerate(SESSIONS) for i in range(len(m)) if m[i] in content),
+                   key=lambda ci: ci[1], default=None)
+
+    dropped, starts = {}, {}
     for sid, ts in sessions.items():
-        if any(m[0] in str(first(ts).messages) for m in SESSIONS):
+        at = answers(first(ts))
+        assert at is not None, (sid, first(ts).messages)
+        if at[1] == 0:
+            starts[at[0]] = ts
             continue
-        before = [m[i - 1] for m in SESSIONS for i in range(1, len(m)) if m[i] in str(first(ts).messages[-1]["content"])]
-        assert before and not any(b in str(first(ts).messages) for b in before), (sid, first(ts).messages)
-        dropped[sid] = before
-    assert len(sessions) == 3 + len(dropped), {sid: [(t.index, len(t.messages), str(t.messages[-1]["content"])[-70:],
-                                                      t.response_text[:40], t.finish_reason)
-                                                     for t in sorted(ts, key=lambda t: t.index)]
-                                               for sid, ts in sessions.items()}
+        assert not any(m["role"] == "assistant" for m in first(ts).messages), (sid, first(ts).messages)
+        dropped[sid] = [SESSIONS[at[0]][at[1] - 1]]
+    assert len(sessions) == 3 + len(dropped) and sorted(starts) == [0, 1, 2], \
+        {sid: [(t.index, [m["role"] for m in t.messages], str(t.messages[-1]["content"])[-300:],
+                t.response_text[:40], t.finish_reason) for t in sorted(ts, key=lambda t: t.index)]
+         for sid, ts in sessions.items()}
     for sid, ts in sessions.items():
         assert sorted(t.index for t in ts) == list(range(len(ts))), sid
     unlinked = {b for before in dropped.values() for b in before}  # the message whose answer lost its next state
-    for messages in SESSIONS:
-        ts = next(v for v in sessions.values() if messages[0] in first(v).messages[1]["content"])
+    for c, messages in enumerate(SESSIONS):
+        ts = starts[c]
         for said, nxt in zip(messages, messages[1:]):
             if said in unlinked:
                 continue

@@ -387,6 +387,9 @@ class TrainerLoop:
         self._publish()
         if self.gate is not None:
             self.gate.keep(self.trainer)
+            if self.gate.vet(self.trainer):  # the version just served reads beyond the tolerance on the next round
+                self._publish()
+                self.gate.keep(self.trainer)
         return True
 
     def _publish(self) -> None:
