@@ -1,6 +1,6 @@
 """The README's persona table from `clawloop eval` runs (issue #27 item 6): one row per persona of each run,
 the score with its halves (`correct`, `form`) and `correct` within and outside the persona's form, the
-updates reached, the publish gate's refusals (counted in the run's `up.log`s when its `--data-dir` is
+updates reached, the publish gate's refusals and fallbacks (counted in the run's `up.log`s when its `--data-dir` is
 given) and the run's minutes.
 
     .venv/bin/python bench/persona_table.py bench/eval_s16_binary_heldout.json:/tmp/X/ev/d_binary_heldout ...
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 HEAD = ("| method | wording | persona | score | correct | form | right in form | right off form | updates (of 16) "
-        "| gate refusals | run minutes | its sums | other sums |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        "| gate refusals | fallbacks | run minutes | its sums | other sums |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _arrow(a: float, b: float, delta: bool = False, bold_at: float | None = None) -> str:
@@ -28,20 +28,13 @@ def _arrow(a: float, b: float, delta: bool = False, bold_at: float | None = None
     return out
 
 
-def refusals(data_dir: str, persona: str) -> str:
+def refusals(data_dir: str, persona: str, what: str = "publish gate: refused candidate") -> str:
+    """Lines holding `what` in the persona's `up.log`s: refusals (every refusal is logged so, one that led to a
+    fallback too, since the s19 session's change), or with `what="serving falls back"` the fallbacks."""
     logs = list(Path(data_dir, persona).rglob("up.log")) if data_dir else []
     if not logs:
         return "—"
-    n = 0
-    for p in logs:
-        prev = ""
-        for line in p.read_text(errors="replace").splitlines():
-            if "publish gate: " not in line:
-                continue
-            # a refusal that led to a fallback logged the fallback alone until the s19 session's change
-            n += "refused candidate" in line or ("serving falls back" in line and "refused candidate" not in prev)
-            prev = line
-    return str(n)
+    return str(sum(what in line for p in logs for line in p.read_text(errors="replace").splitlines()))
 
 
 def rows(arg: str) -> list[str]:
@@ -56,7 +49,8 @@ def rows(arg: str) -> list[str]:
             _arrow(p["correct_before"], p["correct_after"], True), _arrow(p["form_before"], p["form_after"]),
             _arrow(p["correct_in_form_before"], p["correct_in_form_after"]),
             _arrow(p["correct_off_form_before"], p["correct_off_form_after"]),
-            str(p["updates"]), refusals(data_dir, name), f"{d.get('minutes', 0):.1f}",
+            str(p["updates"]), refusals(data_dir, name), refusals(data_dir, name, "serving falls back"),
+            f"{d.get('minutes', 0):.1f}",
             _arrow(p["correct_sums_before"], p["correct_sums_after"], True) if "correct_sums_after" in p else "—",
             # `clawloop eval --wide-sums`: other held-out sums beside the fixed problems' (RESULTS 14)
             _arrow(p["correct_wide_before"], p["correct_wide_after"], True) if "correct_wide_after" in p else "—"])

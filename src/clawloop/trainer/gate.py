@@ -78,7 +78,12 @@ weights compare the trainer with it: after a rollback they are the same
 weights again instead of an ever larger off-policy gap. The batch that produced
 the refused version is consumed (its cursor committed) once its retries are spent.
 
-Falling back (`_fall_back`): after a refusal the served weights are read on the candidate's round. Where
+Vetting (`vet`, the loop's call after each publish): the version just published is read on the round its
+first candidate will be read on, so a version passed on a round that missed its loss is found before users
+keep it for a version more, not only after a refusal (s19's students: other sums 0.08-0.09 down on versions
+their rounds read 0.035-0.06 down). One reading a version (`gate/vetted`).
+
+Falling back (`_fall_back`): the served weights are read on the candidate's round (`vet`). Where
 they are beyond the tolerance there and, averaged with their drop on the round that passed them, over both
 rounds too, the served version has lost what the model could do (a harder draw alone is `held_to`'s case).
 Users must not keep it, and no candidate near it passes (a student's run stalled so: 34 refusals in a row,
@@ -738,11 +743,13 @@ class PublishGate:
         if not own or (version, turn) in self.served:  # the start (the baseline itself), unknown, or read already
             return False
         t0 = time.perf_counter()
-        self.served[(version, turn)] = self.score(trainer, self.rounds[turn])
+        self.served[(version, turn)] = scores = self.score(trainer, self.rounds[turn])
         self.counts["vetted"] += 1
-        return self._fall_back(trainer, turn, version, t0)
+        log.info("publish gate: v%d read on its next round: %s (baseline %s)", version, _fmt(scores),
+                 _fmt(self.baselines[turn]))
+        return self._fall_back(trainer, turn, version, t0, vetted=True)
 
-    def _fall_back(self, trainer: Any, turn: int, served_version: int, t0: float) -> bool:
+    def _fall_back(self, trainer: Any, turn: int, served_version: int, t0: float, vetted: bool = False) -> bool:
         """The served version reads beyond the tolerance on round `turn`, and over its two rounds too: a real
         loss, which the round that passed it did not show. Users must not keep it (the gate's promise), and no
         candidate near it passes (a student's run stalled so for 34 refusals: RESULTS 14d). Publish, as a new
@@ -774,9 +781,10 @@ class PublishGate:
                                 dict(self.baselines[turn]))
             served = self.served[(served_version, turn)]
             worst = max(served, key=lambda g: self.baselines[turn].get(g, 0.0) - served[g])
-            log.warning("publish gate: the served v%d reads %s %.3f on this round vs baseline %.3f, %.3f below it over "
+            log.warning("publish gate: the served v%d reads %s %.3f on %s vs baseline %.3f, %.3f below it over "
                         "its two rounds (tolerance %.3f): serving falls back to v%d's weights (%s here) as v%d, and "
                         "the trainer goes on from them", served_version, worst, served[worst],
+                        "its next round (vetted once published)" if vetted else "this round",
                         self.baselines[turn].get(worst, 0.0), (self.baselines[turn].get(worst, 0.0) - served[worst]
                                                                + own.get(worst, 0.0)) / 2, self.tolerance,
                         w.version, _fmt(scores), trainer.version)
