@@ -225,6 +225,12 @@ def test_a_candidate_that_passes_its_round_must_pass_the_next_one_too():
     gate.snapshot = type("Snap", (), {"version": 1})()
     assert gate.check(Fake(0.90, 0.87, 0.86, version=2)) and seen[8:] == [1, 2]  # v2: round 1, confirmed on 2
     assert make(confirm=True)[0].check(Fake(0.86, 0.88, 0.50)) and PublishGate(checks, 0.05, confirm=True).rounds == [checks]
+    # a harder draw on the confirming round: 0.07 down there, 0.02 on its own round, 0.045 over the two (held_to's
+    # rule): served, and that reading is the served version's on the round its successors are read on (no vet)
+    gate, seen = make(confirm=True)
+    assert gate.check(Fake(0.88, 0.83, 0.50)) and gate.counts["refused_on_confirmation"] == 0
+    assert gate.served[(1, 1)]["arithmetic"] == 0.83 and gate.passed_drops[1]["arithmetic"] == pytest.approx(0.045)
+    assert not make(confirm=True)[0].check(Fake(0.88, 0.81, 0.50))  # 0.09 and 0.02: 0.055 over the two, refused
 
 
 def test_a_round_that_fails_the_served_version_holds_candidates_to_it():
@@ -516,8 +522,8 @@ def test_a_passing_version_is_published_and_a_damaging_one_is_rolled_back(tiny_d
             assert await run(None, tl.publish_weights) is True
             assert engine.policy_version == 1 and gate.counts == {
                 "candidates": 1, "passed": 1, "refused": 0, "consecutive_refusals": 0, "retries": 0,
-                "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 0, "refused_on_confirmation": 0,
-                "fallbacks": 0, "vetted": 1}  # v1 read on round 1 once published, before its first candidate
+                "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 1, "refused_on_confirmation": 0,
+                "fallbacks": 0, "vetted": 0}  # v1 read on round 1 before it was served: not read there again
             assert set(gate.served) == {(1, 1)}
             published = _state(trainer)
             # big steps towards wrong sums: a candidate that lost arithmetic is refused, the trainer is back at v1

@@ -324,7 +324,7 @@ class GateConfig:
     builtin_checks: int = opt(64, "Checks per group each candidate is read on (built-in arithmetic, instructions).")
     rotations: int = opt(8, "Fresh questions per published version: rounds of gate.builtin_checks (a set read every time is learnt; "
                             "a --regression-set group larger than a round rotates too); 1: one set.", flags=("--gate-rotations",))
-    confirm: bool = opt(False, "A candidate that passes its round must pass the next one too (with rotations > 1; RESULTS 14b).", flags=("--gate-confirm",))
+    confirm: bool = opt(True, "A candidate that passes its round is read on the next before it is served (rotations > 1; RESULTS 16).", flags=("--gate-confirm",))
     hold: float = opt(16.0, "A refusal at the shortest step doubles rehearsal's coefficient, up to this multiple; a pass halves it (1: off).", flags=("--gate-hold",))
     max_tokens: int = opt(24, "Longest reply to a check, in tokens; a regression-set line may set its own.")
     batch_size: int = opt(64, "Checks generated at once on the trainer's model.")

@@ -664,10 +664,14 @@ class PublishGate:
             # most of them lose more than the tolerance, the one kept is the one whose loss that round's questions
             # missed (a student's run: 72 refused, 5 passed, and other sums lost 0.07 on a version its round read
             # at 0.02: RESULTS 14). The next round's questions played no part in that choice: it must pass them too.
+            first_turn, first = turn, scores
             turn = (turn + 1) % len(self.rounds)
             self.counts["confirmations"] += 1
             scores, held_to, passed, worst = self._read(trainer, turn, served_version)
             read[turn] = scores
+            if not passed:  # a harder draw passes if the two rounds together are within the tolerance (held_to's rule)
+                passed = self._within(turn, scores, {g: self.baselines[first_turn].get(g, 0.0) - v
+                                                     for g, v in first.items()})
             self.counts["refused_on_confirmation"] += not passed
         self.last = Verdict(int(trainer.version), scores, passed, time.perf_counter() - t0, worst, held_to)
         self.counts["candidates"] += 1
