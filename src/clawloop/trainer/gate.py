@@ -59,11 +59,15 @@ backoff cannot shorten the step, each refusal doubles rehearsal's coefficient (u
 and the line search retries with it; a pass halves it back. A multiplier on the constraint that rises while
 the constraint binds, as PPO-Lagrangian's (raised on refusals, not on an estimate of the cost).
 
-Confirmation (`gate.confirm`, `--gate-confirm`, off by default; with rotations): a candidate that passes its round is read
-on the next round too and must pass there. The line search keeps the first candidate of a version that
-passes; where most of them lose more than the tolerance, that is the one whose loss the round's questions
-happened to miss (bench/RESULTS.md "Why the loop made the model worse" 14). The next round played no part
-in choosing it.
+Confirmation (`gate.confirm`, `--gate-confirm`, on by default; with rotations): a candidate that passes its
+round is read on the next round too before it is served, and passes there if it is within the tolerance
+there or over the two rounds together (`held_to`'s rule for a harder draw). The line search keeps the first
+candidate of a version that passes; where most of them lose more than the tolerance, that is the one whose
+loss the round's questions happened to miss (bench/RESULTS.md "Why the loop made the model worse" 14). The
+next round played no part in choosing it. Strict on the second round (s18, opt-in) it halved a student's
+learning; read there only after publishing (`vet`, s20's first sweep) users were served a version before
+its loss was found, and the evaluation measured such versions (RESULTS 16). With confirmation the reading
+is the served version's on the round its successors are read on, so `vet` has nothing left to read.
 
 On refusal the trainer is rolled back to the last published version: its
 trainable weights, the AdamW state and its version counter (CPU copies taken
