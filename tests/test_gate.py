@@ -523,7 +523,8 @@ def test_a_passing_version_is_published_and_a_damaging_one_is_rolled_back(tiny_d
             assert engine.policy_version == 1 and gate.counts == {
                 "candidates": 1, "passed": 1, "refused": 0, "consecutive_refusals": 0, "retries": 0,
                 "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 1, "refused_on_confirmation": 0,
-                "fallbacks": 0, "vetted": 0}  # v1 read on round 1 before it was served: not read there again
+                "fallbacks": 0, "vetted": 0, "recoveries": 0, "recovered": 0}  # v1 read on round 1 before it was
+            # served: not read there again
             assert set(gate.served) == {(1, 1)}
             published = _state(trainer)
             # big steps towards wrong sums: a candidate that lost arithmetic is refused, the trainer is back at v1
@@ -644,6 +645,53 @@ def test_a_refused_batch_is_trained_again_shorter_until_it_passes(tiny_dir, tmp_
             trainer.step(batch, served_version=1)
             assert await run(None, tl.publish_weights, batch, 1) is False
             assert gate.counts["retries"] == 0 and gate.counts["refused"] == 1 and trainer.step_count == 1
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+def test_a_stuck_gate_tries_a_recovery_step_of_rehearsal_alone(tiny_dir, tmp_path):
+    """Where no step in the feedback's direction passes (the rate at its shortest and rehearsal held as hard as
+    allowed), the loop trains one step on rehearsal alone from the served weights (`Trainer.recover_step`,
+    CPO's recovery step) and the gate reads it as the next candidate: it restores what the model could do, so
+    it passes and is published, and the feedback's steps have room again. Without rehearsal nothing is tried."""
+    from clawloop.engines.hf import HFEngine
+    from clawloop.trainer import Trainer, TrainerLoop
+    from clawloop.trainer.rehearsal import Rehearsal
+
+    engine = HFEngine(tiny_dir, device="cpu", dtype="float32")
+
+    def loop(rehearse):
+        cfg = make_cfg(tiny_dir, tmp_path, train__method="binary", train__lr="5e-3", train__device="cpu",
+                       gate__builtin_checks="16", gate__rotations="1", train__adam_eps_rel="0", gate__hold="1")
+        trainer = Trainer(cfg, str(tiny_dir))
+        if rehearse:
+            trainer.rehearsal = Rehearsal.from_config(cfg, str(tiny_dir))
+            trainer.rehearsal.build(trainer)
+        gate = PublishGate.from_config(cfg, gate_checks(cfg, tiny_dir))
+        gate.begin(trainer)
+        return trainer, gate, TrainerLoop(cfg, trainer, None, engine, "offline", gate=gate)
+
+    async def main():
+        await engine.start()
+        try:
+            run = asyncio.get_running_loop().run_in_executor
+            trainer, gate, tl = loop(rehearse=True)
+            assert trainer.rehearsal is not None
+            batch = _arith_samples(trainer.tokenizer, reinforce_right=False)
+            trainer.step(batch, served_version=0)  # every rate down to 1/8 loses the sums (the test above)
+            assert await run(None, tl.publish_weights, batch, 0) is True
+            assert gate.counts["refused"] == 4 and gate.counts["retries"] == 3
+            assert gate.counts["recoveries"] == 1 and gate.counts["recovered"] == 1 and gate.counts["passed"] == 1
+            assert trainer.last["train/recovery_step"] == 1.0 and trainer.last["train/rehearsal_rows"] > 0
+            assert engine.policy_version == 1 and trainer.version == 1 and trainer.step_count == 5
+            assert gate.last.passed and gate.last.scores["arithmetic"] >= gate.last.held_to["arithmetic"] - 0.05
+
+            trainer, gate, tl = loop(rehearse=False)  # nothing to rehearse: the batch is dropped, as before
+            trainer.step(batch, served_version=0)
+            assert await run(None, tl.publish_weights, batch, 0) is False
+            assert gate.counts["recoveries"] == 0 and trainer.step_count == 4 and trainer.version == 0
         finally:
             await engine.stop()
 

@@ -531,7 +531,7 @@ class PublishGate:
         self.last: Verdict | None = None
         self.counts = {"candidates": 0, "passed": 0, "refused": 0, "consecutive_refusals": 0, "retries": 0,
                        "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 0, "refused_on_confirmation": 0,
-                       "fallbacks": 0, "vetted": 0}
+                       "fallbacks": 0, "vetted": 0, "recoveries": 0, "recovered": 0}
         self.served: dict[tuple[int, int], dict[str, float]] = {}
         """(served version, round) -> the served version's own score on that round, read after a refusal
         there (`check`): a round that the served version itself fails holds a candidate to it instead."""
@@ -611,6 +611,13 @@ class PublishGate:
 
     def retried(self) -> None:
         self.counts["retries"] += 1
+
+    @property
+    def stuck(self) -> bool:
+        """The last refusal could not change the step (the rate at its shortest, rehearsal held at `hold`, or
+        nothing to hold): every step in the feedback's direction loses more than the tolerance allows. The loop
+        then tries a recovery step (`Trainer.recover_step`: rehearsal alone) as the next candidate."""
+        return self.counts["consecutive_refusals"] > 0 and not self.shortened
 
     # -- the loop's calls --------------------------------------------------------
     def restore(self, saved: dict[str, Any] | None) -> None:

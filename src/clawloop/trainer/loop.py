@@ -374,8 +374,14 @@ class TrainerLoop:
         if self.gate is not None:
             tries = 0
             while not self.gate.check(self.trainer):
-                if batch is None or self.tc.publish_interval != 1 or not self.gate.can_retry(tries) \
-                        or self.stop_event.is_set():  # stopping: the next start reads on from the cursor
+                if self.stop_event.is_set():  # stopping: the next start reads on from the cursor
+                    return False
+                if self.gate.stuck:  # no step in the feedback's direction passes: one that only restores skills
+                    if not self._recover():
+                        return False
+                    tries = 0
+                    break
+                if batch is None or self.tc.publish_interval != 1 or not self.gate.can_retry(tries):
                     return False
                 tries += 1
                 self.gate.retried()
@@ -390,6 +396,27 @@ class TrainerLoop:
             if self.gate.vet(self.trainer):  # the version just served reads beyond the tolerance on the next round
                 self._publish()
                 self.gate.keep(self.trainer)
+        return True
+
+    def _recover(self) -> bool:
+        """A recovery step from the served weights (rehearsal alone) read by the gate as the next candidate;
+        True: it passed (the caller publishes it). A refused one is rolled back like any other."""
+        if self.sleeps:
+            self._await_engine(self.engine.sleep())
+        try:
+            stats = self.trainer.recover_step()
+        finally:
+            if self.sleeps:
+                self._await_engine(self.engine.wake_up())
+        if stats.get("train/skipped_step"):
+            return False
+        self.gate.counts["recoveries"] += 1
+        log.warning("publish gate: every step in the feedback's direction is refused at the shortest step and "
+                    "rehearsal held %.0fx: trying a recovery step (rehearsal alone) as v%d", self.gate.hold_scale,
+                    self.trainer.version)
+        if not self.gate.check(self.trainer):
+            return False
+        self.gate.counts["recovered"] += 1
         return True
 
     def _publish(self) -> None:
