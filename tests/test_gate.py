@@ -687,6 +687,10 @@ def test_a_stuck_gate_tries_a_recovery_step_of_rehearsal_alone(tiny_dir, tmp_pat
             assert trainer.last["train/recovery_step"] == 1.0 and trainer.last["train/rehearsal_rows"] > 0
             assert engine.policy_version == 1 and trainer.version == 1 and trainer.step_count == 5
             assert gate.last.passed and gate.last.scores["arithmetic"] >= gate.last.held_to["arithmetic"] - 0.05
+            from clawloop.cli import gate_line
+
+            line = gate_line({k[len("gate/"):]: v for k, v in gate.stats().items()})
+            assert "1 of 1 recovery step(s) (rehearsal alone) published" in line, line
 
             trainer, gate, tl = loop(rehearse=False)  # nothing to rehearse: the batch is dropped, as before
             trainer.step(batch, served_version=0)

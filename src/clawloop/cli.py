@@ -369,7 +369,9 @@ def gate_line(g: dict[str, Any]) -> str:
     return (f"publish gate: v{g['last_checked_version']:.0f} {verdict} (score/baseline {scores}, tolerance "
             f"{g.get('tolerance', 0):.3f}); {g.get('refused', 0):.0f} of {g.get('candidates', 0):.0f} candidates "
             f"refused" + (f"; serving fell back to an earlier version's weights {g['fallbacks']:.0f} time(s)"
-                          if g.get("fallbacks") else "") + f"; last check {g.get('last_check_s', 0):.2f} s")
+                          if g.get("fallbacks") else "")
+            + (f"; {g['recovered']:.0f} of {g.get('recoveries', 0):.0f} recovery step(s) (rehearsal alone) published"
+               if g.get("recoveries") else "") + f"; last check {g.get('last_check_s', 0):.2f} s")
 
 
 def cmd_status(argv: list[str]) -> int:

@@ -291,7 +291,8 @@ function gateCard(x) {   // the trainer's publish gate (trainer/gate.py): last c
     : `${worst} ${num(x["gate/score/" + worst])} vs baseline ${num(x["gate/baseline/" + worst])} ± ${num(x["gate/tolerance"])}`;
   const c = card("publish gate", `v${x["gate/last_checked_version"]} ${passed ? "passed" : "refused"}`,
     `${scored} · ${num(x["gate/refused"])} of ${num(x["gate/candidates"])} refused` +
-    (x["gate/fallbacks"] ? ` · ${num(x["gate/fallbacks"])} fell back` : "") + ` · ${secs(x["gate/last_check_s"])}`,
+    (x["gate/fallbacks"] ? ` · ${num(x["gate/fallbacks"])} fell back` : "") +
+    (x["gate/recovered"] ? ` · ${num(x["gate/recovered"])} recovered` : "") + ` · ${secs(x["gate/last_check_s"])}`,
     "card-gate");
   c.classList.add(passed ? "gate-passed" : "gate-refused");
   return c;

@@ -59,6 +59,13 @@ backoff cannot shorten the step, each refusal doubles rehearsal's coefficient (u
 and the line search retries with it; a pass halves it back. A multiplier on the constraint that rises while
 the constraint binds, as PPO-Lagrangian's (raised on refusals, not on an estimate of the cost).
 
+Recovering (`stuck`, then the loop's `_recover`): where a refusal can change the step no more (the rate at
+its shortest, rehearsal held at `hold`), every step in the feedback's direction loses more than the
+tolerance allows (a student's run: 54 candidates in a row, each 0.910 against a served reading of 0.922 on a
+round whose baseline was 0.969). The loop then trains one step on rehearsal alone from the served weights
+(`Trainer.recover_step`), as CPO takes a recovery step when its constraint cannot be met, and reads it as
+the next candidate: published if it passes (`gate/recoveries`, `gate/recovered`).
+
 Confirmation (`gate.confirm`, `--gate-confirm`, on by default; with rotations): a candidate that passes its
 round is read on the next round too before it is served, and passes there if it is within the tolerance
 there or over the two rounds together (`held_to`'s rule for a harder draw). The line search keeps the first
