@@ -230,6 +230,11 @@ def test_a_candidate_that_passes_its_round_must_pass_the_next_one_too():
     gate, seen = make(confirm=True)
     assert gate.check(Fake(0.88, 0.83, 0.50)) and gate.counts["refused_on_confirmation"] == 0
     assert gate.served[(1, 1)]["arithmetic"] == 0.83 and gate.passed_drops[1]["arithmetic"] == pytest.approx(0.045)
+    # its successors, read on that round, are held to its reading there less the 0.005 it left (its reading
+    # there is weighed against its other round alone, as when it was confirmed: not counted twice)
+    gate.snapshot = type("Snap", (), {"version": 1})()
+    assert not gate.check(Fake(0.82, 0.82, 0.90, version=2)) and gate.last.held_to["arithmetic"] == 0.83
+    assert gate.check(Fake(0.826, 0.826, 0.90, version=2))  # 0.004 below it; round 2 within the tolerance
     assert not make(confirm=True)[0].check(Fake(0.88, 0.81, 0.50))  # 0.09 and 0.02: 0.055 over the two, refused
 
 
