@@ -352,6 +352,7 @@ def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_goo
     assert not gate.check(t.train_to(3)) and t.version == 2 and gate.last.held_to["arithmetic"] == 0.82
     reads[5] = (0.89, 0.89, 0.75)  # a real loss on this round (0.15; 0.085): v1 reads 0.89 here and is published
     gate.served.clear()
+    gate.judged.clear()  # (as if read afresh)
     assert gate.check(t.train_to(3)) and float(t.params[0][0].detach()) == 4.0 and t.version == 3
     assert gate.passed_drops[3]["arithmetic"] == pytest.approx(0.01) and gate.stats()["gate/fallbacks"] == 1.0
 

@@ -557,6 +557,8 @@ class PublishGate:
         """The last FALLBACKS versions before the served one that passed against the baseline, oldest first:
         where serving falls back (newest first, then the start)."""
         self.lost: set[int] = set()
+        self.judged: set[tuple[int, int]] = set()
+        """(served version, round) pairs whose reading `_fall_back` has weighed (once each)."""
         """Versions found beyond the tolerance on a later round (`check`): never fallen back to."""
         self._fresh = False
 
@@ -689,9 +691,10 @@ class PublishGate:
             self.counts["confirmations"] += 1
             scores, held_to, passed, worst = self._read(trainer, turn, served_version)
             read[turn] = scores
-            if not passed:  # a harder draw passes if the two rounds together are within the tolerance (held_to's rule)
-                passed = self._within(turn, scores, {g: self.baselines[first_turn].get(g, 0.0) - v
-                                                     for g, v in first.items()})
+            # within the tolerance there, or over the two rounds together (a harder draw: held_to's rule), against
+            # the baseline: passed against a served version's reading alone, one beyond over its two rounds would
+            # be fallen back from at its successors' first refusal (and nothing near it passes there meanwhile)
+            passed = self._within(turn, scores, {g: self.baselines[first_turn].get(g, 0.0) - v for g, v in first.items()})
             self.counts["refused_on_confirmation"] += not passed
         self.last = Verdict(int(trainer.version), scores, passed, time.perf_counter() - t0, worst, held_to)
         self.counts["candidates"] += 1
@@ -728,7 +731,9 @@ class PublishGate:
                     held_to.get(worst, 0.0), self._slack.get(worst, 0.0) if worst in self._failed else self.tolerance,
                     " on the confirming round" if len(read) > 1 else "", trainer.version,
                     self.counts["consecutive_refusals"])
-        if first and self._fall_back(trainer, turn, served_version, t0):
+        # once per version and round, whoever read it (a refusal here, or its confirmation: a version confirmed on a
+        # round by a harder round's exception can be beyond over its two rounds, and nothing near it passes there)
+        if (served_version, turn) not in self.judged and self._fall_back(trainer, turn, served_version, t0):
             return True
         before = self.lr_scale
         if self.backoff < 1.0:  # a step that lost what the model could do was too long: retry with a shorter one
@@ -793,6 +798,7 @@ class PublishGate:
         version, the newest of the last FALLBACKS before it that passed against the baseline and are within the
         tolerance by the same rule here, else the weights served at start; train on from there. True: the
         trainer holds them."""
+        self.judged.add((served_version, turn))
         own = self._own(served_version, turn)
         if own is None or self._within(turn, self.served[(served_version, turn)], own):
             return False
