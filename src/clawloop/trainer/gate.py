@@ -491,6 +491,10 @@ FALLBACKS = 4
 """Earlier good versions whose weights the gate keeps to fall back to (besides the start's): with one, a
 student's run found it beyond the tolerance too and fell back to the start, its 13 versions lost."""
 STALLED_AFTER = 10
+MIN_SLACK = 0.01
+"""Least a candidate may read below the served version on a round held to it (`held_to`): below this, one or
+two of 256 sampled replies turning out otherwise decide (a student's run: the served v13 0.910, slack 0.001,
+each of 19 recovery steps 0.906: refused, RESULTS 16)."""
 """Refusals in a row (the last at the shortest step) after which the gate says training has stalled."""
 
 
@@ -853,7 +857,7 @@ class PublishGate:
         two = {g: (base.get(g, 0.0) - v + own.get(g, 0.0)) / 2 for g, v in (served or {}).items()}
         self._failed = {g for g, v in (served or {}).items() if base.get(g, 0.0) - v > self.tolerance + 1e-9
                         and two[g] <= self.tolerance + 1e-9}
-        self._slack = {g: max(0.0, self.tolerance - two[g]) for g in self._failed}
+        self._slack = {g: max(MIN_SLACK, self.tolerance - two[g]) for g in self._failed}
         if not self._failed:
             return base
         return {g: (served[g] if g in self._failed else v) for g, v in base.items()}
