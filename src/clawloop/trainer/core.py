@@ -118,7 +118,7 @@ from clawloop.quant import load_4bit
 from clawloop.trainer.device import auto_lr, resolve_train_device
 from clawloop.trainer.hints import hint_candidates, longest_hint, pick_by_overlap, topk_overlap
 from clawloop.trainer.metrics import merge_stats
-from clawloop.trainer.rehearsal import Rehearsal
+from clawloop.trainer.rehearsal import Rehearsal, recover_step
 from clawloop.trainer.vision import SampleImages, vision_model_class
 
 log = logging.getLogger(__name__)
@@ -770,35 +770,8 @@ class Trainer:
 
     # -- the step ------------------------------------------------------------
     def recover_step(self, draws: int = 4) -> dict[str, float]:
-        """One optimizer update on rehearsal alone (`draws` of its rows, no feedback): a recovery step, as
-        CPO takes when its constraint cannot be met. The publish gate asks for it where every step in the
-        feedback's direction, however short and however hard rehearsal is held, loses more than it allows
-        (the served version at the tolerance's edge: 54 refusals in a row, each 0.012 below the served
-        reading, RESULTS 16); a step that only restores what the model could do moves the served weights back
-        inside, and the feedback's steps have room again. A skipped step (no rehearsal) changes nothing."""
-        if self.rehearsal is None:
-            return {"train/skipped_step": 1.0}
-        t0 = time.perf_counter()
-        self.opt.zero_grad(set_to_none=True)
-        got: list[dict[str, float]] = []
-        for _ in range(max(1, draws)):
-            rloss, rs = self.rehearsal.loss(self.model, self.device, self.pad_id, self.autocast_dtype)
-            if rloss is None:
-                break
-            (rloss / max(1, draws)).backward()
-            got.append(rs)
-        if not got:
-            self.opt.zero_grad(set_to_none=True)
-            return {"train/skipped_step": 1.0}
-        g = float(self._optimizer_step())
-        self.step_count += 1
-        self.version += 1
-        stats = {"train/recovery_step": 1.0, "train/step": float(self.step_count),
-                 "train/policy_version": float(self.version), "train/grad_norm": g if math.isfinite(g) else -1.0,
-                 "train/lr": self.lr, "train/step_s": time.perf_counter() - t0,
-                 **{k: sum(r.get(k, 0.0) for r in got) / len(got) for k in ("train/rehearsal_kl", "train/rehearsal_rows")}}
-        self.last = stats
-        return stats
+        """One update on rehearsal alone: `rehearsal.recover_step` (the publish gate's recovery step)."""
+        return recover_step(self, draws)
 
     def step(self, samples: list[Sample], served_version: int | None = None) -> dict[str, float]:
         """One train step on `samples` (`num_steps_per_rollout` optimizer updates); returns stats (train/...).

@@ -43,7 +43,8 @@ import torch
 
 from clawloop.losses.topk import topk_distill_loss
 from clawloop.trainer.batch import pad_rows
-from clawloop.trainer.gate import Check, builtin_checks, generate_rows, is_tiny_model, load_regression_set, styled_checks
+from clawloop.trainer.gate import Check, builtin_checks, is_tiny_model, load_regression_set, styled_checks
+from clawloop.trainer.generation import generate_rows
 
 log = logging.getLogger(__name__)
 
@@ -211,3 +212,35 @@ class Rehearsal:
                 s = {"train/topk_kl": s["train/topk_kl"] + sc["train/topk_kl"]}
         return self.coef * kl, {"train/rehearsal_kl": s.get("train/topk_kl", float(kl.detach())),
                                 "train/rehearsal_rows": float(B)}
+
+
+def recover_step(trainer: Any, draws: int = 4) -> dict[str, float]:
+    """One optimizer update of `trainer` on rehearsal alone (`draws` of its rows, no feedback): a recovery step,
+    as CPO takes when its constraint cannot be met. The publish gate asks for it where every step in the
+    feedback's direction, however short and however hard rehearsal is held, loses more than it allows (the
+    served version at the tolerance's edge: 54 refusals in a row, each 0.012 below the served reading, RESULTS
+    16); a step that only restores what the model could do moves the served weights back inside, and the
+    feedback's steps have room again. A skipped step (no rehearsal) changes nothing."""
+    if trainer.rehearsal is None:
+        return {"train/skipped_step": 1.0}
+    t0 = time.perf_counter()
+    trainer.opt.zero_grad(set_to_none=True)
+    got: list[dict[str, float]] = []
+    for _ in range(max(1, draws)):
+        rloss, rs = trainer.rehearsal.loss(trainer.model, trainer.device, trainer.pad_id, trainer.autocast_dtype)
+        if rloss is None:
+            break
+        (rloss / max(1, draws)).backward()
+        got.append(rs)
+    if not got:
+        trainer.opt.zero_grad(set_to_none=True)
+        return {"train/skipped_step": 1.0}
+    g = float(trainer._optimizer_step())
+    trainer.step_count += 1
+    trainer.version += 1
+    stats = {"train/recovery_step": 1.0, "train/step": float(trainer.step_count),
+             "train/policy_version": float(trainer.version), "train/grad_norm": g if math.isfinite(g) else -1.0,
+             "train/lr": trainer.lr, "train/step_s": time.perf_counter() - t0,
+             **{k: sum(r.get(k, 0.0) for r in got) / len(got) for k in ("train/rehearsal_kl", "train/rehearsal_rows")}}
+    trainer.last = stats
+    return stats
