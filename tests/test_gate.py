@@ -288,6 +288,24 @@ def test_a_round_that_fails_the_served_version_holds_candidates_to_it():
     assert not gate.check(Fake(0.80, 5)) and gate.last.held_to["arithmetic"] == 0.90
 
 
+class WeightTrainer:
+    """A trainer whose one weight says which version's weights it holds (real tensors and AdamW state, for
+    Snapshot and Weights)."""
+
+    def __init__(self):
+        self.params = [torch.zeros(2, requires_grad=True)]
+        self.opt = torch.optim.AdamW(self.params, lr=1e-3)
+        self.version, self.lr, self.model, self.step_count = 0, 1e-3, None, 0
+
+    def train_to(self, w):  # a step: AdamW state moves, the weights become w's
+        self.params[0].grad = torch.ones(2)
+        self.opt.step()
+        with torch.no_grad():
+            self.params[0].fill_(w)
+        self.version += 1
+        return self
+
+
 def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_good_one():
     """A version passes its round at the tolerance's edge; the next round reads the served weights beyond the
     tolerance, and over its two rounds too: a real loss (a student's run stalled there for 34 refusals, every
@@ -303,25 +321,11 @@ def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_goo
     reads = {0: (0.90, 0.90, 0.90), 1: (0.86, 0.88, 0.78), 2: (0.75, 0.87, 0.72), 3: (0.70, 0.70, 0.70),
              4: (0.89, 0.89, 0.89), 5: (0.89, 0.89, 0.82)}  # weights w -> its reading on rounds 0, 1, 2
 
-    class Trainer:  # its one weight says which version's weights it holds
-        def __init__(self):
-            self.params = [torch.zeros(2, requires_grad=True)]
-            self.opt = torch.optim.AdamW(self.params, lr=1e-3)
-            self.version, self.lr, self.model, self.step_count = 0, 1e-3, None, 0
-
-        def train_to(self, w):  # a step: AdamW state moves, the weights become w's
-            self.params[0].grad = torch.ones(2)
-            self.opt.step()
-            with torch.no_grad():
-                self.params[0].fill_(w)
-            self.version += 1
-            return self
-
     def make():
         gate = PublishGate(checks, 0.05, per_group=4)
         gate.score = lambda trainer, cs=None: {"arithmetic": reads[int(trainer.params[0][0])][rs.index(cs)],
                                                "instructions": 1.0}
-        t = Trainer()
+        t = WeightTrainer()
         gate.begin(t)
         return gate, t
 
@@ -386,25 +390,11 @@ def test_a_published_version_is_read_on_the_next_round_before_its_first_candidat
     reads = {0: (0.90, 0.90, 0.90), 1: (0.86, 0.78, 0.90), 2: (0.88, 0.83, 0.90), 3: (0.88, 0.826, 0.90),
              4: (0.88, 0.815, 0.90)}
 
-    class Trainer:
-        def __init__(self):
-            self.params = [torch.zeros(2, requires_grad=True)]
-            self.opt = torch.optim.AdamW(self.params, lr=1e-3)
-            self.version, self.lr, self.model, self.step_count = 0, 1e-3, None, 0
-
-        def train_to(self, w):
-            self.params[0].grad = torch.ones(2)
-            self.opt.step()
-            with torch.no_grad():
-                self.params[0].fill_(w)
-            self.version += 1
-            return self
-
     def make():
         gate, seen = PublishGate(checks, 0.05, per_group=4), []
         gate.score = lambda trainer, cs=None: (seen.append((int(trainer.params[0][0]), rs.index(cs))), {
             "arithmetic": reads[int(trainer.params[0][0])][rs.index(cs)], "instructions": 1.0})[1]
-        t = Trainer()
+        t = WeightTrainer()
         gate.begin(t)
         assert not gate.vet(t) and gate.counts["vetted"] == 0  # the start is the baseline itself: nothing to read
         return gate, t, seen
