@@ -1,5 +1,6 @@
 """The README's persona table from `clawloop eval` runs (issue #27 item 6): one row per persona of each run,
-the score with its halves (`correct`, `form`) and `correct` within and outside the persona's form, the
+the score with its halves (`correct`, `form`; `correct`'s change with its standard error paired over the
+problems where the run recorded it, `correct_change_se`) and `correct` within and outside the persona's form, the
 updates reached, the publish gate's refusals and fallbacks (counted in the run's `up.log`s when its `--data-dir` is
 given) and the run's minutes.
 
@@ -46,7 +47,9 @@ def rows(arg: str) -> list[str]:
     for name, p in d["personas"].items():
         out.append("| " + " | ".join([
             method, wording, name, _arrow(p["before"], p["after"], True, 0.25),
-            _arrow(p["correct_before"], p["correct_after"], True), _arrow(p["form_before"], p["form_after"]),
+            _arrow(p["correct_before"], p["correct_after"], True).replace(")", f" ± {p['correct_change_se']:.2f})")
+            if p.get("correct_change_se") is not None else _arrow(p["correct_before"], p["correct_after"], True),
+            _arrow(p["form_before"], p["form_after"]),
             _arrow(p["correct_in_form_before"], p["correct_in_form_after"]),
             _arrow(p["correct_off_form_before"], p["correct_off_form_after"]),
             str(p["updates"]), refusals(data_dir, name), refusals(data_dir, name, "serving falls back"),

@@ -52,6 +52,21 @@ def test_rule_rater_and_user_follow_the_persona():
 
 
 @pytest.mark.slow
+def test_the_problems_are_distinct_and_the_change_of_correct_has_a_paired_standard_error():
+    from clawloop.eval import change_se, problems
+
+    probs = problems("tiny", 32, 0)  # drawn independently, 32 held 28 distinct questions (one sum 3 times)
+    assert len({p["question"] for p in probs}) == 32
+    assert [p["skill"] for p in probs[:4]] == ["add", "add", "sub", "fact"]
+    two = probs[:2]
+    right = [{"question": p["question"], "answer": p["answer"]} for p in two]
+    wrong = [{"question": p["question"], "answer": "no idea"} for p in two]
+    assert change_se(right * 2, right * 2, two) == 0.0  # no problem moved
+    # one problem lost (1 -> 0), the other kept: mean change -0.5, differences' sd 0.707 over sqrt(2)
+    assert change_se(right, [wrong[0], right[1]], two) == pytest.approx(0.5)
+    assert change_se(right[:1], wrong[:1], two) is None  # one problem: no spread to read
+
+
 def test_coding_check_runs_the_asserts_in_the_sandbox(tmp_path):
     from clawloop.envs.sandbox import SandboxUnavailable, choose_level
 
@@ -99,6 +114,10 @@ def test_personas_before_and_after_training_with_built_in_users(tmp_path):
         assert p["correct_wide_version"] >= p["curve"][-1]["policy_version"]
         assert f"correct_wide={p['correct_wide_before']:.2f}->{p['correct_wide_after']:.2f}" in r.stdout
         assert p["curve"][-1]["policy_version"] > p["policy_version_before"]
+        # 8 distinct problems, and the change of `correct` with its standard error paired over them
+        assert len({a["question"] for a in p["answers_before"]}) == 8
+        assert p["correct_change_se"] is not None and 0.0 <= p["correct_change_se"] <= 0.5
+        assert f"correct_change_se={p['correct_change_se']:.3f}" in r.stdout
         assert p["users"]["answers"] > 0
         # the users' conversations went through that persona's own clawloop and were captured there
         assert (tmp_path / "runs" / name / "up.log").exists()

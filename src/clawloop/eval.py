@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -107,7 +108,7 @@ def problems(kind: str, n: int, seed: int) -> list[dict[str, str]]:
     if kind == "tiny":
         from clawloop.tinymodel.corpus import heldout_questions
 
-        return heldout_questions(n, seed=seed + 1)
+        return heldout_questions(n, seed=seed + 1, distinct=True)
     rows = _jsonl(WORD_FILE)
     if n > len(rows):
         raise ValueError(f"--problems {n}: the word set has {len(rows)} problems")
@@ -190,7 +191,8 @@ def wide_sums(client: Any, problems_asked: list[dict[str, str]], n: int, seed: i
     from clawloop.tinymodel.corpus import extract_answer, heldout_questions
 
     asked = {p["question"] for p in problems_asked}
-    pool = [q for q in heldout_questions(2 * n + 8, seed=seed) if q["skill"] != "fact" and q["question"] not in asked]
+    pool = [q for q in heldout_questions(2 * n + 8, seed=seed, distinct=True)
+            if q["skill"] != "fact" and q["question"] not in asked]
     # a seed per reply: one seed for every question would draw the same random numbers for all of them, and
     # an unlucky draw at the digits would then miss most of the sums at once
     jobs = [(q, seed + i * samples + j) for i, q in enumerate(pool[:n]) for j in range(samples)]
@@ -207,6 +209,31 @@ def wide_sums(client: Any, problems_asked: list[dict[str, str]], n: int, seed: i
         got = list(ex.map(one, jobs))
     return {"correct": sum(ok for ok, _ in got) / len(got), "sums": len(jobs) // samples, "samples": samples,
             "policy_version": max(v for _, v in got)}
+
+
+def change_se(before: list[dict[str, Any]], after: list[dict[str, Any]], probs: list[dict[str, str]]
+              ) -> float | None:
+    """The standard error of the change of `correct`, paired by problem: each problem's right share after minus
+    before, their standard deviation over the square root of their number. The problems are the same before and
+    after, but a version moves some sums one way and others the other (a run's 24 sums: 4+56 from 10 of 12 right
+    to 1, others up): this says how far the measure's 32 problems alone may carry a change. None: too few."""
+    from clawloop.tinymodel.corpus import extract_answer
+
+    want = {p["question"]: p["answer"].strip().lower() for p in probs}
+
+    def share(answers: list[dict[str, Any]]) -> dict[str, float]:
+        per: dict[str, list[bool]] = {}
+        for x in answers:
+            if x["question"] in want:
+                per.setdefault(x["question"], []).append(extract_answer(x["answer"]) == want[x["question"]])
+        return {q: sum(v) / len(v) for q, v in per.items()}
+
+    b, a = share(before), share(after)
+    d = [a[q] - b[q] for q in b if q in a]
+    if len(d) < 2:
+        return None
+    mean = sum(d) / len(d)
+    return math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
 
 
 def make_user(persona: Persona, a: argparse.Namespace, client_for: Any) -> User:
@@ -317,6 +344,8 @@ def run_personas(a: argparse.Namespace, client_for: Any) -> dict[str, Any]:
                    "asked": before["asked"], "curve": curve, "answers_before": before["answers"],
                    "users": stats, "user": "llm" if a.user_model_url else "rules",
                    "rater": "llm" if a.rater_url else "rules"}
+            if curve and isinstance(rater, RuleRater):
+                rec["correct_change_se"] = change_se(before["answers"], curve[-1]["answers"], measure.problems)
             if wide_before is not None:
                 rec.update({"correct_wide_before": wide_before["correct"], "wide_sums": wide_before["sums"],
                             **({"correct_wide_after": wide_after["correct"],
@@ -327,6 +356,8 @@ def run_personas(a: argparse.Namespace, client_for: Any) -> dict[str, Any]:
             out["personas"][persona.name] = rec
             parts = "".join(f" {k}={_fmt(rec.get(k + '_before'))}->{_fmt(rec.get(k + '_after'))}"
                             for k in PARTS + ("correct_wide",) if k + "_before" in rec)
+            if rec.get("correct_change_se") is not None:
+                parts += f" correct_change_se={rec['correct_change_se']:.3f}"
             print(f"persona={persona.name} before={_fmt(rec['before'])} after={_fmt(after)} "
                   f"updates={rec['updates']} rated={rec['rated']}/{rec['asked']} user={rec['user']} "
                   f"rater={rec['rater']}{parts}", flush=True)

@@ -231,13 +231,27 @@ def sample_question(rng: random.Random) -> dict[str, str]:
     return _question(rng)
 
 
-def heldout_questions(n: int, seed: int = 0) -> list[dict[str, str]]:
+def heldout_questions(n: int, seed: int = 0, *, distinct: bool = False) -> list[dict[str, str]]:
     """`n` evaluation questions, half addition, a quarter each subtraction and
     facts, in the canonical "What is 12+7?" phrasing. Arithmetic pairs never
-    occur in the corpus; facts necessarily do."""
+    occur in the corpus; facts necessarily do. `distinct`: no question twice (drawn
+    independently, 32 of them held 28 distinct questions, one sum three times)."""
     rng = random.Random(f"heldout-{seed}")
     skills = ["add", "add", "sub", "fact"]
-    return [_question(rng, skills[i % 4], heldout=True, canonical=True) for i in range(n)]
+    if not distinct:
+        return [_question(rng, skills[i % 4], heldout=True, canonical=True) for i in range(n)]
+    out: list[dict[str, str]] = []
+    seen: set[str] = set()
+    for i in range(n):
+        for _ in range(10_000):
+            q = _question(rng, skills[i % 4], heldout=True, canonical=True)
+            if q["question"] not in seen:
+                break
+        else:
+            raise ValueError(f"heldout_questions: fewer than {n} distinct held-out questions of this mix")
+        seen.add(q["question"])
+        out.append(q)
+    return out
 
 
 def corpus_questions(n: int, seed: int = 0) -> list[dict[str, str]]:
