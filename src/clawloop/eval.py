@@ -191,8 +191,11 @@ def wide_sums(client: Any, problems_asked: list[dict[str, str]], n: int, seed: i
     from clawloop.tinymodel.corpus import extract_answer, heldout_questions
 
     asked = {p["question"] for p in problems_asked}
-    pool = [q for q in heldout_questions(2 * n + 8, seed=seed, distinct=True)
-            if q["skill"] != "fact" and q["question"] not in asked]
+    pool: list[dict[str, str]] = []  # n distinct sums (the held-out facts are too few to draw them distinct too)
+    for q in heldout_questions(8 * n + 32, seed=seed):
+        if q["skill"] != "fact" and q["question"] not in asked and len(pool) < n:
+            asked.add(q["question"])
+            pool.append(q)
     # a seed per reply: one seed for every question would draw the same random numbers for all of them, and
     # an unlucky draw at the digits would then miss most of the sums at once
     jobs = [(q, seed + i * samples + j) for i, q in enumerate(pool[:n]) for j in range(samples)]
