@@ -377,6 +377,36 @@ def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_goo
     assert "v3 passed" in line and "fell back to an earlier version's weights 1 time" in line, line
 
 
+def test_a_fallback_found_beyond_the_tolerance_is_not_published_again_under_another_version():
+    """A fallback publishes an earlier version's weights as a new version. When that version is later found
+    beyond the tolerance, the weights it holds are: falling back to the earlier version again published the
+    very weights just found lost, under a third number (a run served v11's weights as v13 and again as v14)."""
+    from clawloop.trainer.gate import rounds
+
+    checks = builtin_checks(4 * 4, 8)
+    rs = rounds(checks, 4)
+    assert len(rs) == 4
+    reads = {0: (0.90, 0.90, 0.90, 0.90), 1: (0.88, 0.90, 0.86, 0.82), 2: (0.90, 0.88, 0.72, 0.90),
+             3: (0.70, 0.70, 0.70, 0.70)}  # weights w -> its reading on rounds 0-3
+
+    gate = PublishGate(checks, 0.05, per_group=4)
+    gate.score = lambda trainer, cs=None: {"arithmetic": reads[int(trainer.params[0][0])][rs.index(cs)],
+                                           "instructions": 1.0}
+    t = WeightTrainer()
+    gate.begin(t)
+    for w in (1, 2):  # v1 passes round 0 (0.88), v2 round 1 (0.88)
+        assert gate.check(t.train_to(w))
+        gate.keep(t)
+    # round 2: refused; the served v2 reads 0.72 there (0.10 over two rounds): v1's weights (0.86; 0.03) are v3
+    assert gate.check(t.train_to(3)) and float(t.params[0][0].detach()) == 1.0 and t.version == 3
+    assert gate.origin == {3: 1}
+    gate.keep(t)
+    # round 3: refused; the served v3 reads 0.82 there (0.08; 0.055 with its 0.03): lost, and with it v1's weights
+    # (which by their own first round alone, 0.02, would pass here at 0.05): the start's are published as v4
+    assert gate.check(t.train_to(3)) and t.version == 4 and gate.counts["fallbacks"] == 2
+    assert float(t.params[0][0].detach()) == 0.0 and gate.lost == {1, 2, 3} and gate.origin == {3: 1, 4: 0}
+
+
 def test_a_published_version_is_read_on_the_next_round_before_its_first_candidate():
     """`vet`, after every publish: a version passed on one round is read on the round its candidates will be
     read on. A loss its own round missed (a student's run: other sums 0.08-0.09 down on versions read 0.035-0.06

@@ -508,6 +508,8 @@ class PublishGate:
         """The last FALLBACKS versions before the served one that passed against the baseline, oldest first:
         where serving falls back (newest first, then the start)."""
         self.lost: set[int] = set()
+        self.origin: dict[int, int] = {}
+        """A fallback's version -> the version whose weights it published (`_fall_back`)."""
         self.judged: set[tuple[int, int]] = set()
         """(served version, round) pairs whose reading `_fall_back` has weighed (once each)."""
         """Versions found beyond the tolerance on a later round (`check`): never fallen back to."""
@@ -753,10 +755,10 @@ class PublishGate:
         own = self._own(served_version, turn)
         if own is None or self._within(turn, self.served[(served_version, turn)], own):
             return False
-        self.lost.add(served_version)
+        self.lost.update({served_version, self.origin.get(served_version, served_version)})
         start = self.start.version if self.start is not None else None
         for w in (*reversed(self.clean), self.start):  # the start is what the baseline was read on: within
-            if w is None or (w.version in self.lost and w.version != start):
+            if w is None or ({w.version, self.origin.get(w.version, w.version)} & self.lost and w.version != start):
                 continue
             w.restore(trainer)
             scores = self.score(trainer, self.rounds[turn])
@@ -765,6 +767,8 @@ class PublishGate:
                 self.lost.add(w.version)
                 continue
             trainer.version = served_version + 1
+            # the same weights as w's: found beyond, they are w's loss too (else a fallback published them again)
+            self.origin[trainer.version] = self.origin.get(w.version, w.version)
             # its drop per group over the rounds it has been read on (what `held_to` weighs later rounds against)
             self.passed_drops[trainer.version] = {
                 g: ((before or {}).get(g, self.baselines[turn].get(g, 0.0) - v) + self.baselines[turn].get(g, 0.0) - v)
