@@ -377,6 +377,44 @@ def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_goo
     assert "v3 passed" in line and "fell back to an earlier version's weights 1 time" in line, line
 
 
+def test_a_candidate_within_min_slack_of_the_served_version_at_the_edge_goes_on_to_its_confirming_round():
+    """At the tolerance's edge the served version passed its confirming round by one reply, and every candidate
+    near it read a reply lower on those same questions: a run refused 65 in a row, recovery steps included
+    (RESULTS 17). A candidate beyond the tolerance on its round but within MIN_SLACK of the served version's
+    reading there is read on its confirming round, where the two-round rule against the baseline decides; one
+    further below is refused as before, and without confirmation nothing changes."""
+    from clawloop.trainer.gate import rounds
+
+    checks = builtin_checks(3 * 4, 8)
+    rs = rounds(checks, 4)
+    reads = {0: (0.90, 0.90, 0.90), 1: (0.88, 0.853, 0.88), 2: (0.88, 0.849, 0.87), 3: (0.88, 0.84, 0.87),
+             4: (0.88, 0.849, 0.84)}  # weights w -> its reading on rounds 0, 1, 2
+
+    def make(confirm):
+        gate = PublishGate(checks, 0.05, per_group=4, confirm=confirm)
+        gate.score = lambda trainer, cs=None: {"arithmetic": reads[int(trainer.params[0][0])][rs.index(cs)],
+                                               "instructions": 1.0}
+        t = WeightTrainer()
+        gate.begin(t)
+        return gate, t
+
+    gate, t = make(True)
+    assert gate.check(t.train_to(1)) and gate.served[(1, 1)]["arithmetic"] == 0.853  # 0.02, confirmed at 0.047
+    gate.keep(t)
+    assert not gate.check(t.train_to(3))  # round 1: 0.84, 0.013 below the served 0.853: refused
+    assert gate.counts["near_served"] == 0
+    assert not gate.check(t.train_to(4))  # 0.849 (0.051) goes on; its confirming round 0.84 (0.06; 0.055 over two)
+    assert gate.counts["near_served"] == 1 and gate.counts["refused_on_confirmation"] == 1
+    assert gate.check(t.train_to(2)) and t.version == 2  # 0.849 (0.051), then 0.87 on round 2 (0.03): served
+    assert gate.counts["near_served"] == 2 and gate.last.scores["arithmetic"] == 0.87
+
+    gate, t = make(False)  # no confirming round: the round's reading is the verdict, the tolerance as it is
+    assert gate.check(t.train_to(1))
+    gate.keep(t)
+    gate.served[(1, 1)] = {"arithmetic": 0.853, "instructions": 1.0}
+    assert not gate.check(t.train_to(2)) and gate.counts["near_served"] == 0
+
+
 def test_a_fallback_found_beyond_the_tolerance_is_not_published_again_under_another_version():
     """A fallback publishes an earlier version's weights as a new version. When that version is later found
     beyond the tolerance, the weights it holds are: falling back to the earlier version again published the
