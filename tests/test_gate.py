@@ -587,7 +587,7 @@ def test_a_passing_version_is_published_and_a_damaging_one_is_rolled_back(tiny_d
             assert engine.policy_version == 1 and gate.counts == {
                 "candidates": 1, "passed": 1, "refused": 0, "consecutive_refusals": 0, "retries": 0,
                 "passed_on_retry": 0, "passed_on_served": 0, "confirmations": 1, "refused_on_confirmation": 0,
-                "fallbacks": 0, "vetted": 0, "recoveries": 0, "recovered": 0}  # v1 read on round 1 before it was
+                "fallbacks": 0, "vetted": 0, "recoveries": 0, "recovered": 0, "near_served": 0}  # v1 read on round 1 before it was
             # served: not read there again
             assert set(gate.served) == {(1, 1)}
             published = _state(trainer)
