@@ -407,6 +407,10 @@ def test_a_candidate_within_min_slack_of_the_served_version_at_the_edge_goes_on_
     assert gate.counts["near_served"] == 1 and gate.counts["refused_on_confirmation"] == 1
     assert gate.check(t.train_to(2)) and t.version == 2  # 0.849 (0.051), then 0.87 on round 2 (0.03): served
     assert gate.counts["near_served"] == 2 and gate.last.scores["arithmetic"] == 0.87
+    from clawloop.cli import gate_line  # `clawloop status` says so
+
+    assert "2 read on to a confirming round within 0.01 of the served version" in gate_line(
+        {k[len("gate/"):]: v for k, v in gate.stats().items()})
 
     gate, t = make(False)  # no confirming round: the round's reading is the verdict, the tolerance as it is
     assert gate.check(t.train_to(1))

@@ -371,7 +371,9 @@ def gate_line(g: dict[str, Any]) -> str:
             f"refused" + (f"; serving fell back to an earlier version's weights {g['fallbacks']:.0f} time(s)"
                           if g.get("fallbacks") else "")
             + (f"; {g['recovered']:.0f} of {g.get('recoveries', 0):.0f} recovery step(s) (rehearsal alone) published"
-               if g.get("recoveries") else "") + f"; last check {g.get('last_check_s', 0):.2f} s")
+               if g.get("recoveries") else "")
+            + (f"; {g['near_served']:.0f} read on to a confirming round within 0.01 of the served version"
+               if g.get("near_served") else "") + f"; last check {g.get('last_check_s', 0):.2f} s")
 
 
 def cmd_status(argv: list[str]) -> int:

@@ -292,7 +292,8 @@ function gateCard(x) {   // the trainer's publish gate (trainer/gate.py): last c
   const c = card("publish gate", `v${x["gate/last_checked_version"]} ${passed ? "passed" : "refused"}`,
     `${scored} · ${num(x["gate/refused"])} of ${num(x["gate/candidates"])} refused` +
     (x["gate/fallbacks"] ? ` · ${num(x["gate/fallbacks"])} fell back` : "") +
-    (x["gate/recovered"] ? ` · ${num(x["gate/recovered"])} recovered` : "") + ` · ${secs(x["gate/last_check_s"])}`,
+    (x["gate/recovered"] ? ` · ${num(x["gate/recovered"])} recovered` : "") +
+    (x["gate/near_served"] ? ` · ${num(x["gate/near_served"])} near served` : "") + ` · ${secs(x["gate/last_check_s"])}`,
     "card-gate");
   c.classList.add(passed ? "gate-passed" : "gate-refused");
   return c;
