@@ -377,7 +377,7 @@ def test_a_served_version_found_beyond_the_tolerance_is_replaced_by_the_last_goo
     assert "v3 passed" in line and "fell back to an earlier version's weights 1 time" in line, line
 
 
-def test_a_candidate_within_min_slack_of_the_served_version_at_the_edge_goes_on_to_its_confirming_round():
+def test_a_candidate_within_min_slack_of_the_served_version_at_the_edge_goes_on_to_its_confirming_round(caplog):
     """At the tolerance's edge the served version passed its confirming round by one reply, and every candidate
     near it read a reply lower on those same questions: a run refused 65 in a row, recovery steps included
     (RESULTS 17). A candidate beyond the tolerance on its round but within MIN_SLACK of the served version's
@@ -403,8 +403,11 @@ def test_a_candidate_within_min_slack_of_the_served_version_at_the_edge_goes_on_
     gate.keep(t)
     assert not gate.check(t.train_to(3))  # round 1: 0.84, 0.013 below the served 0.853: refused
     assert gate.counts["near_served"] == 0
-    assert not gate.check(t.train_to(4))  # 0.849 (0.051) goes on; its confirming round 0.84 (0.06; 0.055 over two)
+    with caplog.at_level("WARNING", logger="clawloop.trainer.gate"):
+        assert not gate.check(t.train_to(4))  # 0.849 (0.051) goes on; its confirming round 0.84 (0.06; 0.055 over two)
     assert gate.counts["near_served"] == 1 and gate.counts["refused_on_confirmation"] == 1
+    # the refusal names what the confirming round judged against: the baseline, not the served reading
+    assert "arithmetic 0.840 vs baseline 0.900 (tolerance 0.050) on the confirming round" in caplog.text
     assert gate.check(t.train_to(2)) and t.version == 2  # 0.849 (0.051), then 0.87 on round 2 (0.03): served
     assert gate.counts["near_served"] == 2 and gate.last.scores["arithmetic"] == 0.87
     from clawloop.cli import gate_line  # `clawloop status` says so

@@ -681,12 +681,18 @@ class PublishGate:
         first = (served_version, turn) not in self.served
         if first:  # the served weights are back: how do they read here?
             self.served[(served_version, turn)] = self.score(trainer, self.rounds[turn])
+        if len(read) > 1:  # the confirming round judges against the baseline (`_within`), whatever `_read` held it to
+            base = self.baselines[turn]
+            worst = max(scores, key=lambda g: base.get(g, 0.0) - scores[g])
+            against, value, tol = "baseline", base.get(worst, 0.0), self.tolerance
+        else:
+            against = f"the served v{served_version}" if worst in self._failed else "baseline"
+            value = held_to.get(worst, 0.0)
+            tol = self._slack.get(worst, 0.0) if worst in self._failed else self.tolerance
         log.warning("publish gate: refused candidate v%d (step %d): %s %.3f vs %s %.3f (tolerance %.3f)%s; "
-                    "still serving v%d (%d refused in a row)", candidate, step, worst,
-                    scores[worst], f"the served v{served_version}" if worst in self._failed else "baseline",
-                    held_to.get(worst, 0.0), self._slack.get(worst, 0.0) if worst in self._failed else self.tolerance,
-                    " on the confirming round" if len(read) > 1 else "", trainer.version,
-                    self.counts["consecutive_refusals"])
+                    "still serving v%d (%d refused in a row)", candidate, step, worst, scores[worst], against, value,
+                    tol, " on the confirming round, nor within it over the two rounds" if len(read) > 1 else "",
+                    trainer.version, self.counts["consecutive_refusals"])
         # once per version and round, whoever read it (a refusal here, or its confirmation: a version confirmed on a
         # round by a harder round's exception can be beyond over its two rounds, and nothing near it passes there)
         if (served_version, turn) not in self.judged and self._fall_back(trainer, turn, served_version, t0):
